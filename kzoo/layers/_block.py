@@ -1,0 +1,111 @@
+"""What the transformer encoder and decoder blocks share."""
+
+import keras
+
+from kzoo.layers._validation import check_divisible
+from kzoo.layers._validation import check_positive_int
+from kzoo.layers._validation import check_rate
+from kzoo.layers.feed_forward import FeedForward
+from kzoo.layers.feed_forward import get_activation
+from kzoo.layers.multi_head_attention import MultiHeadAttention
+
+
+class TransformerBlockBase(keras.layers.Layer):
+    """Holds the shared arguments and builds the residual sublayers."""
+
+    def __init__(
+        self,
+        num_heads,
+        intermediate_dim,
+        dropout=0.0,
+        activation="relu",
+        norm_first=False,
+        layer_norm_epsilon=1e-5,
+        num_key_value_heads=None,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.num_heads = check_positive_int("num_heads", num_heads)
+        self.intermediate_dim = check_positive_int("intermediate_dim", intermediate_dim)
+        self.dropout = check_rate("dropout", dropout)
+        get_activation(activation)
+        self.activation = activation
+        self.norm_first = bool(norm_first)
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.num_key_value_heads = num_key_value_heads
+        if num_key_value_heads is not None:
+            check_positive_int("num_key_value_heads", num_key_value_heads)
+            check_divisible("num_heads", num_heads, "num_key_value_heads", num_key_value_heads)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.supports_masking = True
+
+    def _check_width(self, width):
+        if width is None or width % self.num_heads:
+            raise ValueError(
+                f"`num_heads` ({self.num_heads}) must divide the input width ({width})."
+            )
+        return width // self.num_heads
+
+    def _attention(self, name, query_shape, value_shape=None):
+        head_dim = self._check_width(query_shape[-1])
+        attention = MultiHeadAttention(
+            num_heads=self.num_heads,
+            key_dim=head_dim,
+            num_key_value_heads=self.num_key_value_heads,
+            dropout=self.dropout,
+            kernel_initializer=self.kernel_initializer,
+            bias_initializer=self.bias_initializer,
+            dtype=self.dtype_policy,
+            name=name,
+        )
+        attention.build(query_shape, value_shape)
+        return attention
+
+    def _feed_forward(self, x_shape):
+        feed_forward = FeedForward(
+            self.intermediate_dim,
+            activation=self.activation,
+            kernel_initializer=self.kernel_initializer,
+            bias_initializer=self.bias_initializer,
+            dtype=self.dtype_policy,
+            name="feed_forward",
+        )
+        feed_forward.build(x_shape)
+        return feed_forward
+
+    def _norm_and_dropout(self, name, x_shape):
+        norm = keras.layers.LayerNormalization(
+            epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=f"{name}_norm"
+        )
+        norm.build(x_shape)
+        return norm, keras.layers.Dropout(self.dropout, dtype=self.dtype_policy, name=f"{name}_dropout")
+
+    def _residual(self, x, sublayer, norm, dropout, training):
+        """Post-LN: norm(x + dropout(f(x))). Pre-LN: x + dropout(f(norm(x))).
+
+        `sublayer` returns `(y, extra)`; `extra` (a cache) is passed through.
+        """
+        y, extra = sublayer(norm(x) if self.norm_first else x)
+        y = x + dropout(y, training=training)
+        return (y if self.norm_first else norm(y)), extra
+
+    def compute_mask(self, x, previous_mask=None):
+        return previous_mask
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            num_heads=self.num_heads,
+            intermediate_dim=self.intermediate_dim,
+            dropout=self.dropout,
+            activation=self.activation,
+            norm_first=self.norm_first,
+            layer_norm_epsilon=self.layer_norm_epsilon,
+            num_key_value_heads=self.num_key_value_heads,
+            kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
+            bias_initializer=keras.initializers.serialize(self.bias_initializer),
+        )
+        return config

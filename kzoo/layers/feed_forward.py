@@ -1,0 +1,100 @@
+import keras
+
+from kzoo.layers._validation import check_positive_int
+from kzoo.layers._validation import check_rate
+
+
+def get_activation(name):
+    """A Keras activation by name, plus "gelu_approximate" (GPT-2's tanh GELU)."""
+    if name == "gelu_approximate":
+        return lambda x: keras.activations.gelu(x, approximate=True)
+    try:
+        return keras.activations.get(name)
+    except ValueError as error:
+        raise ValueError(
+            "`activation` must be a Keras activation name (e.g. 'relu', 'gelu') "
+            f"or 'gelu_approximate'; received activation={name!r}."
+        ) from error
+
+
+@keras.saving.register_keras_serializable(package="kzoo")
+class FeedForward(keras.layers.Layer):
+    """The position-wise feed-forward network: W_2 act(W_1 x + b_1) + b_2.
+
+    Applied to each position separately. Dropout, if any, acts on the hidden
+    activations; the residual dropout of a transformer block is the block's.
+
+    Args:
+        intermediate_dim: int, the hidden width d_ff.
+        activation: activation name: "relu" (the paper), "gelu" (BERT),
+            "gelu_approximate" (GPT-2) or any Keras activation name.
+        dropout: float in [0, 1), dropout on the hidden activations.
+        output_dim: int, the output width; defaults to the input width.
+        use_bias: bool.
+        kernel_initializer: initializer of both kernels.
+        bias_initializer: initializer of both biases.
+        **kwargs: base layer arguments.
+
+    Example:
+    >>> FeedForward(64)(keras.random.normal((2, 5, 16))).shape
+    (2, 5, 16)
+
+    References:
+        Vaswani et al., "Attention Is All You Need", 2017, eq. (2).
+    """
+
+    def __init__(
+        self,
+        intermediate_dim,
+        activation="relu",
+        dropout=0.0,
+        output_dim=None,
+        use_bias=True,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.intermediate_dim = check_positive_int("intermediate_dim", intermediate_dim)
+        self.activation = activation
+        self.activation_fn = get_activation(activation)
+        self.dropout = check_rate("dropout", dropout)
+        self.output_dim = None if output_dim is None else check_positive_int("output_dim", output_dim)
+        self.use_bias = use_bias
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.supports_masking = True
+
+    def build(self, input_shape):
+        dense = dict(
+            use_bias=self.use_bias,
+            kernel_initializer=self.kernel_initializer,
+            bias_initializer=self.bias_initializer,
+            dtype=self.dtype_policy,
+        )
+        self.intermediate_dense = keras.layers.Dense(self.intermediate_dim, name="intermediate_dense", **dense)
+        self.intermediate_dense.build(input_shape)
+        self.output_dense = keras.layers.Dense(self.output_dim or input_shape[-1], name="output_dense", **dense)
+        self.output_dense.build((*input_shape[:-1], self.intermediate_dim))
+        self.hidden_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+        self.built = True
+
+    def call(self, inputs, training=None):
+        hidden = self.activation_fn(self.intermediate_dense(inputs))
+        return self.output_dense(self.hidden_dropout(hidden, training=training))
+
+    def compute_output_shape(self, input_shape):
+        return (*input_shape[:-1], self.output_dim or input_shape[-1])
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            intermediate_dim=self.intermediate_dim,
+            activation=self.activation,
+            dropout=self.dropout,
+            output_dim=self.output_dim,
+            use_bias=self.use_bias,
+            kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
+            bias_initializer=keras.initializers.serialize(self.bias_initializer),
+        )
+        return config

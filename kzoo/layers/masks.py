@@ -1,0 +1,52 @@
+"""Boolean attention masks: True means "may attend"."""
+
+from keras import ops
+
+# Keras keeps implicit masks through a private accessor (as keras-hub does).
+from keras.src.backend import get_keras_mask as keras_mask
+
+
+def causal_mask(query_length, key_length, offset=0):
+    """The look-ahead mask `(query_length, key_length)`.
+
+    Query `i` sits at position `offset + i` and may attend to keys at
+    positions `<= offset + i`. `offset` is the cache index during incremental
+    decoding and 0 otherwise.
+
+    Args:
+        query_length: int or scalar tensor.
+        key_length: int or scalar tensor.
+        offset: int or scalar tensor, the position of the first query.
+
+    Example:
+    >>> causal_mask(3, 3)  # lower-triangular
+    """
+    query_positions = ops.arange(query_length) + offset
+    key_positions = ops.arange(key_length)
+    return ops.greater_equal(query_positions[:, None], key_positions[None, :])
+
+
+def merge_masks(query_mask=None, key_mask=None, attention_mask=None, causal=None):
+    """ANDs whichever masks are given into one `(B or 1, T_q, T_k)` mask.
+
+    Args:
+        query_mask: `(B, T_q)` padding mask of the queries.
+        key_mask: `(B, T_k)` padding mask of the keys.
+        attention_mask: mask broadcastable to `(B, T_q, T_k)`.
+        causal: `(T_q, T_k)` mask from `causal_mask`.
+
+    Returns:
+        A boolean tensor of rank 3, or None when no mask is given.
+    """
+    mask = None
+    for part in (
+        None if query_mask is None else ops.cast(query_mask, "bool")[:, :, None],
+        None if key_mask is None else ops.cast(key_mask, "bool")[:, None, :],
+        None if attention_mask is None else ops.cast(attention_mask, "bool"),
+        causal,
+    ):
+        if part is not None:
+            mask = part if mask is None else ops.logical_and(mask, part)
+    if mask is not None and len(mask.shape) == 2:
+        mask = mask[None]
+    return mask

@@ -1,0 +1,322 @@
+import keras
+from keras import ops
+
+from kzoo.layers._validation import check_divisible
+from kzoo.layers._validation import check_positive_int
+from kzoo.layers._validation import check_rate
+from kzoo.layers.masks import causal_mask
+from kzoo.layers.masks import keras_mask
+from kzoo.layers.masks import merge_masks
+from kzoo.layers.scaled_dot_product_attention import scaled_dot_product_attention
+
+
+@keras.saving.register_keras_serializable(package="kzoo")
+class MultiHeadAttention(keras.layers.Layer):
+    """Multi-head attention with grouped key/value heads and a KV cache.
+
+    Projects the query into `num_heads` heads and the key and value into
+    `num_key_value_heads` heads, runs scaled dot-product attention per head and
+    projects the concatenated heads back with W^O. With fewer key/value heads
+    than query heads, each key/value head serves a group of
+    `num_heads // num_key_value_heads` consecutive query heads (grouped-query
+    attention; one key/value head is multi-query attention).
+
+    Masking: the attention mask is the logical AND of the explicit
+    `attention_mask` `(B, T_q, T_k)`, the causal mask (`use_causal_mask=True`)
+    and the padding masks carried by the inputs (Keras implicit masks, e.g.
+    from `Embedding(mask_zero=True)`) or passed as `query_mask`/`value_mask`/
+    `key_mask` `(B, T)`. Padded query rows attend to nothing; the output keeps
+    the query's mask.
+
+    KV cache: pass `cache` of shape `(B, 2, num_key_value_heads, S, key_dim)`
+    (keys then values, head-major so decoding never transposes it;
+    `empty_cache` makes one). With `cache_index`, the keys/values of the new
+    tokens are written at `[cache_index, cache_index + T_q)` and the queries
+    attend over the whole cache; with `use_causal_mask=True` query `i` sits at
+    position `cache_index + i`, so slots not written yet are never seen. Without
+    `cache_index` the cache is used as is (precomputed cross-attention
+    keys/values from `compute_cache`). In cache mode the padding masks of
+    `value`/`key` do not apply; give `attention_mask` over all `S` slots. The
+    call then returns `(output, new_cache)`.
+
+    Args:
+        num_heads: int, number of query heads h.
+        key_dim: int, size of each query/key head d_k.
+        value_dim: int, size of each value head d_v; defaults to `key_dim`.
+        num_key_value_heads: int dividing `num_heads`; defaults to `num_heads`.
+        dropout: float in [0, 1), dropout on the attention weights.
+        use_bias: bool, whether the projections have biases.
+        output_dim: int, size of the output; defaults to the query's width.
+        kernel_initializer: initializer of the projection kernels.
+        bias_initializer: initializer of the projection biases.
+        seed: int, seed of the dropout.
+        **kwargs: base layer arguments (`name`, `dtype`, ...).
+
+    Example:
+    >>> x = keras.random.normal((2, 5, 16))
+    >>> mha = MultiHeadAttention(num_heads=4, key_dim=4, num_key_value_heads=2)
+    >>> mha(x, use_causal_mask=True).shape
+    (2, 5, 16)
+
+    References:
+        Vaswani et al., "Attention Is All You Need", 2017, sec. 3.2.2.
+        Ainslie et al., "GQA", 2023.
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        key_dim,
+        value_dim=None,
+        num_key_value_heads=None,
+        dropout=0.0,
+        use_bias=True,
+        output_dim=None,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.num_heads = check_positive_int("num_heads", num_heads)
+        self.key_dim = check_positive_int("key_dim", key_dim)
+        self.value_dim = check_positive_int("value_dim", value_dim or key_dim)
+        self.num_key_value_heads = check_positive_int(
+            "num_key_value_heads", num_key_value_heads or num_heads
+        )
+        check_divisible("num_heads", num_heads, "num_key_value_heads", self.num_key_value_heads)
+        self.dropout = check_rate("dropout", dropout)
+        self.use_bias = use_bias
+        self.output_dim = None if output_dim is None else check_positive_int("output_dim", output_dim)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.seed = seed
+        self.seed_generator = keras.random.SeedGenerator(seed)
+        self.supports_masking = True
+
+    def _projection(self, name, heads, head_dim):
+        return self._einsum_dense(
+            "btd,dhk->bthk",
+            output_shape=(None, heads, head_dim),
+            bias_axes="hk" if self.use_bias else None,
+            kernel_initializer=self.kernel_initializer,
+            bias_initializer=self.bias_initializer,
+            dtype=self.dtype_policy,
+            name=name,
+        )
+
+    @staticmethod
+    def _einsum_dense(equation, **kwargs):
+        dense = keras.layers.EinsumDense(equation, **kwargs)
+        # Masks are applied in the attention; the projection passes them on.
+        dense.supports_masking = True
+        return dense
+
+    def build(self, query_shape, value_shape=None, key_shape=None):
+        value_shape = value_shape or query_shape
+        key_shape = key_shape or value_shape
+        self.query_dense = self._projection("query", self.num_heads, self.key_dim)
+        self.query_dense.build(query_shape)
+        self.key_dense = self._projection("key", self.num_key_value_heads, self.key_dim)
+        self.key_dense.build(key_shape)
+        self.value_dense = self._projection("value", self.num_key_value_heads, self.value_dim)
+        self.value_dense.build(value_shape)
+        self.output_dense = self._einsum_dense(
+            "bthv,hvd->btd",
+            output_shape=(None, self.output_dim or query_shape[-1]),
+            bias_axes="d" if self.use_bias else None,
+            kernel_initializer=self.kernel_initializer,
+            bias_initializer=self.bias_initializer,
+            dtype=self.dtype_policy,
+            name="attention_output",
+        )
+        self.output_dense.build((None, None, self.num_heads, self.value_dim))
+        self.built = True
+
+    def empty_cache(self, batch_size, max_length, dtype=None):
+        """A zero KV cache `(batch_size, 2, num_key_value_heads, max_length, key_dim)`."""
+        self._check_cache_dims()
+        shape = (batch_size, 2, self.num_key_value_heads, max_length, self.key_dim)
+        return ops.zeros(shape, dtype=dtype or self.compute_dtype)
+
+    def compute_cache(self, value, key=None):
+        """Projects `key`/`value` once into a cache for cross-attention."""
+        self._check_cache_dims()
+        key = value if key is None else key
+        keys = ops.transpose(self.key_dense(key), (0, 2, 1, 3))
+        values = ops.transpose(self.value_dense(value), (0, 2, 1, 3))
+        return ops.stack([keys, values], axis=1)
+
+    def _check_cache_dims(self):
+        if self.key_dim != self.value_dim:
+            raise ValueError(
+                "A KV cache needs `key_dim == value_dim`; received "
+                f"key_dim={self.key_dim}, value_dim={self.value_dim}."
+            )
+
+    def _check_cache(self, cache, query, cache_index):
+        self._check_cache_dims()
+        expected = (None, 2, self.num_key_value_heads, None, self.key_dim)
+        shape = tuple(cache.shape)
+        ok = len(shape) == 5 and all(
+            e is None or s is None or s == e for s, e in zip(shape, expected)
+        )
+        if ok and shape[0] is not None and query.shape[0] is not None:
+            ok = shape[0] == query.shape[0]
+        if not ok:
+            raise ValueError(
+                "`cache` must have shape (batch_size, 2, num_key_value_heads="
+                f"{self.num_key_value_heads}, max_length, key_dim={self.key_dim}) "
+                f"with the query's batch size {query.shape[0]}; received shape {shape}."
+            )
+        if (
+            isinstance(cache_index, int)
+            and shape[3] is not None
+            and query.shape[1] is not None
+            and not 0 <= cache_index <= shape[3] - query.shape[1]
+        ):
+            raise ValueError(
+                f"`cache_index` must be in [0, {shape[3] - query.shape[1]}] so that "
+                f"{query.shape[1]} new tokens fit in a cache of length {shape[3]}; "
+                f"received cache_index={cache_index}."
+            )
+
+    def call(
+        self,
+        query,
+        value=None,
+        key=None,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        use_causal_mask=False,
+        return_attention_scores=False,
+        cache=None,
+        cache_index=None,
+        training=None,
+    ):
+        if query_mask is None:
+            query_mask = keras_mask(query)
+        if value is None:
+            value, value_mask = query, query_mask
+        elif value_mask is None:
+            value_mask = keras_mask(value)
+        if key is None:
+            key, key_mask = value, value_mask
+        elif key_mask is None:
+            key_mask = keras_mask(key)
+
+        q = self.query_dense(query)  # (B, T_q, h, d_k)
+        if cache is None:
+            k = ops.transpose(self.key_dense(key), (0, 2, 1, 3))  # (B, h_kv, T_k, d_k)
+            v = ops.transpose(self.value_dense(value), (0, 2, 1, 3))
+            key_padding = value_mask if key_mask is None else key_mask
+            key_offset = 0
+        else:
+            self._check_cache(cache, query, cache_index)
+            if cache_index is not None:
+                new = ops.stack(
+                    [
+                        ops.transpose(self.key_dense(key), (0, 2, 1, 3)),
+                        ops.transpose(self.value_dense(value), (0, 2, 1, 3)),
+                    ],
+                    axis=1,
+                )  # (B, 2, h_kv, T_q, d_k)
+                cache = ops.slice_update(cache, (0, 0, 0, cache_index, 0), ops.cast(new, cache.dtype))
+            k, v = cache[:, 0], cache[:, 1]  # (B, h_kv, S, d_k)
+            key_padding = None
+            key_offset = 0 if cache_index is None else cache_index
+
+        mask = merge_masks(
+            query_mask=query_mask,
+            key_mask=key_padding,
+            attention_mask=attention_mask,
+            causal=(
+                causal_mask(ops.shape(q)[1], ops.shape(k)[2], key_offset)
+                if use_causal_mask
+                else None
+            ),
+        )
+        output, scores = self._attend(q, k, v, mask, training)
+        output = self.output_dense(output)
+
+        results = (output,)
+        if return_attention_scores:
+            results += (scores,)
+        if cache is not None:
+            results += (cache,)
+        return results[0] if len(results) == 1 else results
+
+    def _attend(self, q, k, v, mask, training):
+        """Grouped attention: q `(B, T_q, h, d_k)`, k/v `(B, h_kv, T_k, d)`."""
+        batch, length = ops.shape(q)[0], ops.shape(q)[1]
+        groups = self.num_heads // self.num_key_value_heads
+        q = ops.reshape(q, (batch, length, self.num_key_value_heads, groups, self.key_dim))
+        q = ops.transpose(q, (0, 2, 3, 1, 4))  # (B, h_kv, g, T_q, d_k)
+        if mask is not None:
+            mask = mask[:, None, None]  # (B, 1, 1, T_q, T_k)
+        output, scores = scaled_dot_product_attention(
+            q,
+            k[:, :, None],
+            v[:, :, None],
+            mask=mask,
+            dropout_rate=self.dropout,
+            training=training,
+            return_scores=True,
+            seed=self.seed_generator,
+        )  # (B, h_kv, g, T_q, d_v), (B, h_kv, g, T_q, T_k)
+        output = ops.transpose(output, (0, 3, 1, 2, 4))
+        output = ops.reshape(output, (batch, length, self.num_heads, self.value_dim))
+        scores = ops.reshape(scores, (batch, self.num_heads, length, ops.shape(k)[2]))
+        return output, scores
+
+    def compute_mask(self, query, previous_mask=None):
+        return previous_mask
+
+    def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
+        return (*query_shape[:-1], self.output_dim or query_shape[-1])
+
+    def compute_output_spec(
+        self,
+        query,
+        value=None,
+        key=None,
+        return_attention_scores=False,
+        cache=None,
+        **kwargs,
+    ):
+        output = keras.KerasTensor(
+            self.compute_output_shape(query.shape), dtype=self.compute_dtype
+        )
+        results = (output,)
+        if return_attention_scores:
+            if cache is not None:
+                key_length = cache.shape[3]
+            else:
+                key_length = (key if key is not None else value if value is not None else query).shape[1]
+            results += (
+                keras.KerasTensor(
+                    (query.shape[0], self.num_heads, query.shape[1], key_length),
+                    dtype=self.compute_dtype,
+                ),
+            )
+        if cache is not None:
+            results += (keras.KerasTensor(cache.shape, dtype=cache.dtype),)
+        return results[0] if len(results) == 1 else results
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            num_heads=self.num_heads,
+            key_dim=self.key_dim,
+            value_dim=self.value_dim,
+            num_key_value_heads=self.num_key_value_heads,
+            dropout=self.dropout,
+            use_bias=self.use_bias,
+            output_dim=self.output_dim,
+            kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
+            bias_initializer=keras.initializers.serialize(self.bias_initializer),
+            seed=self.seed,
+        )
+        return config

@@ -1,0 +1,80 @@
+import math
+
+import keras
+from keras import ops
+
+from kzoo.layers._validation import check_rate
+
+# Filled into masked scores before the softmax. The softmax runs in float32,
+# so this is finite there whatever the compute dtype is.
+_MASKED_SCORE = -1e9
+
+
+def scaled_dot_product_attention(
+    query,
+    key,
+    value,
+    mask=None,
+    scale=None,
+    dropout_rate=0.0,
+    training=None,
+    return_scores=False,
+    seed=None,
+):
+    """Scaled dot-product attention: softmax(Q K^T * scale) V.
+
+    Works over the last two axes with any leading axes, so the textbook
+    unbatched form `(T, d_k)` works as well as `(batch, heads, T, d_k)`.
+    Leading axes broadcast (a key of shape `(B, 1, T, d)` serves all heads).
+
+    The softmax is computed in float32 for every input dtype. Masked positions
+    get exactly zero weight, and a query row whose keys are all masked gets
+    all-zero weights, so its output is zeros rather than NaN or an average.
+
+    Args:
+        query: tensor `(..., T_q, d_k)`.
+        key: tensor `(..., T_k, d_k)`.
+        value: tensor `(..., T_k, d_v)`.
+        mask: optional boolean tensor broadcastable to `(..., T_q, T_k)`;
+            True means the query may attend to that key.
+        scale: the factor applied to `Q K^T`; defaults to `1 / sqrt(d_k)`.
+        dropout_rate: float in [0, 1), dropout on the attention weights when
+            `training` is True.
+        training: bool, whether dropout is active.
+        return_scores: bool; if True also return the attention weights.
+        seed: a `keras.random.SeedGenerator` or int for the dropout.
+
+    Returns:
+        The output `(..., T_q, d_v)`, and with `return_scores=True` a tuple
+        `(output, weights)` with weights `(..., T_q, T_k)`.
+
+    Example:
+    >>> q = keras.random.normal((4, 8))  # 4 queries, d_k = 8
+    >>> k = v = keras.random.normal((6, 8))
+    >>> scaled_dot_product_attention(q, k, v).shape
+    (4, 8)
+
+    References:
+        Vaswani et al., "Attention Is All You Need", 2017, eq. (1).
+    """
+    check_rate("dropout_rate", dropout_rate)
+    if scale is None:
+        scale = 1.0 / math.sqrt(query.shape[-1])
+    dtype = query.dtype
+    scores = ops.matmul(query, ops.swapaxes(key, -1, -2))  # (..., T_q, T_k)
+    scores = ops.cast(scores, "float32") * scale
+    if mask is not None:
+        mask = ops.cast(mask, "bool")
+        scores = ops.where(mask, scores, _MASKED_SCORE)
+    weights = ops.softmax(scores, axis=-1)
+    if mask is not None:
+        # Exact zeros, also for rows where every key is masked.
+        weights = ops.where(mask, weights, 0.0)
+    weights = ops.cast(weights, dtype)
+    attended = weights
+    if training and dropout_rate > 0.0:
+        attended = keras.random.dropout(weights, dropout_rate, seed=seed)
+    output = ops.matmul(attended, value)
+    if return_scores:
+        return output, weights
+    return output
