@@ -1,0 +1,136 @@
+import keras
+import keras_hub
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
+from keras import ops
+
+from kzoo.layers import TransformerDecoderBlock
+from kzoo.layers import TransformerEncoderBlock
+from tests.layers.weights import copy_keras_hub_block
+
+
+def random(*shape, seed=0):
+    return np.random.default_rng(seed).normal(size=shape).astype("float32")
+
+
+def padding(lengths, length):
+    return np.arange(length)[None, :] < np.asarray(lengths)[:, None]
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_encoder_block_matches_keras_hub(norm_first):
+    x, mask = random(2, 6, 16, seed=1), padding([6, 4], 6)
+    theirs = keras_hub.layers.TransformerEncoder(32, 4, activation="gelu", normalize_first=norm_first)
+    ours = TransformerEncoderBlock(4, 32, activation="gelu", norm_first=norm_first)
+    theirs(x, padding_mask=mask)
+    ours(x, padding_mask=mask)
+    copy_keras_hub_block(theirs, ours)
+    want = ops.convert_to_numpy(theirs(x, padding_mask=mask))
+    got = ops.convert_to_numpy(ours(x, padding_mask=mask))
+    np.testing.assert_allclose(got[mask], want[mask], atol=1e-5)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("cross", [True, False])
+def test_decoder_block_matches_keras_hub(norm_first, cross):
+    x, enc = random(2, 5, 16, seed=2), random(2, 7, 16, seed=3)
+    dec_mask, enc_mask = padding([5, 3], 5), padding([7, 4], 7)
+    enc_kwargs = dict(encoder_sequence=enc, encoder_padding_mask=enc_mask) if cross else {}
+    theirs = keras_hub.layers.TransformerDecoder(32, 4, normalize_first=norm_first)
+    ours = TransformerDecoderBlock(4, 32, norm_first=norm_first, cross_attention=cross)
+    theirs(x, decoder_padding_mask=dec_mask, **enc_kwargs)
+    ours(x, padding_mask=dec_mask, **enc_kwargs)
+    copy_keras_hub_block(theirs, ours)
+    want = ops.convert_to_numpy(theirs(x, decoder_padding_mask=dec_mask, **enc_kwargs))
+    got = ops.convert_to_numpy(ours(x, padding_mask=dec_mask, **enc_kwargs))
+    np.testing.assert_allclose(got[dec_mask], want[dec_mask], atol=1e-5)
+
+
+@settings(max_examples=10, deadline=None)
+@given(extra=st.integers(1, 6), norm_first=st.booleans())
+def test_real_token_outputs_do_not_change_with_more_padding(extra, norm_first):
+    keras.utils.set_random_seed(0)
+    embed = keras.layers.Embedding(50, 16, mask_zero=True)
+    encoder = TransformerEncoderBlock(4, 32, norm_first=norm_first)
+    decoder = TransformerDecoderBlock(4, 32, norm_first=norm_first)
+    ids = np.array([[5, 8, 13, 21, 0]])
+    more = np.pad(ids, ((0, 0), (0, extra)))
+    src = np.array([[7, 3, 0]])
+    src_more = np.pad(src, ((0, 0), (0, extra)))
+
+    def run(tokens, source):
+        memory = encoder(embed(source))
+        return ops.convert_to_numpy(decoder(embed(tokens), memory))
+
+    np.testing.assert_allclose(run(ids, src)[:, :4], run(more, src_more)[:, :4], atol=1e-5)
+
+
+def test_decoder_block_has_no_information_flow_from_the_future():
+    block = TransformerDecoderBlock(2, 16, cross_attention=False)
+    x = random(1, 6, 8, seed=4)
+    base = ops.convert_to_numpy(block(x))
+    for t in range(5):
+        changed = x.copy()
+        changed[:, t + 1 :] += 1.0
+        np.testing.assert_allclose(ops.convert_to_numpy(block(changed))[:, : t + 1], base[:, : t + 1], atol=1e-6)
+
+
+@pytest.mark.parametrize("cross", [True, False])
+def test_decoder_block_prefill_and_cached_steps_equal_full_pass(cross):
+    block = TransformerDecoderBlock(4, 32, cross_attention=cross, norm_first=True)
+    x, enc = random(2, 8, 16, seed=5), random(2, 6, 16, seed=6)
+    enc_mask = padding([6, 2], 6)
+    enc_kwargs = dict(encoder_sequence=enc, encoder_padding_mask=enc_mask) if cross else {}
+    full = ops.convert_to_numpy(block(x, **enc_kwargs))
+    cache = block.empty_cache(2, 10)
+    result = block(x[:, :3], self_attention_cache=cache, self_attention_cache_index=0, **enc_kwargs)
+    outputs = [ops.convert_to_numpy(result[0])]
+    cache, cross_cache = result[1], (result[2] if cross else None)
+    for t in range(3, 8):
+        kwargs = dict(cross_attention_cache=cross_cache, encoder_padding_mask=enc_mask) if cross else {}
+        result = block(x[:, t : t + 1], self_attention_cache=cache, self_attention_cache_index=t, **kwargs)
+        outputs.append(ops.convert_to_numpy(result[0]))
+        cache = result[1]
+    np.testing.assert_allclose(np.concatenate(outputs, 1), full, atol=1e-5)
+
+
+def test_bad_block_configuration_and_calls():
+    with pytest.raises(ValueError, match=r"`num_heads` \(3\) must divide the input width \(16\)"):
+        TransformerEncoderBlock(3, 32)(random(1, 4, 16))
+    with pytest.raises(ValueError, match=r"dropout.*\[0, 1\)"):
+        TransformerDecoderBlock(4, 32, dropout=-0.1)
+    with pytest.raises(ValueError, match=r"intermediate_dim.*positive"):
+        TransformerEncoderBlock(4, 0)
+    with pytest.raises(ValueError, match="encoder_sequence"):
+        TransformerDecoderBlock(4, 32)(random(1, 4, 16))
+    with pytest.raises(ValueError, match="cross_attention=False"):
+        TransformerDecoderBlock(4, 32, cross_attention=False)(random(1, 4, 16), random(1, 4, 16))
+    with pytest.raises(ValueError, match="self_attention_cache_index"):
+        block = TransformerDecoderBlock(4, 32, cross_attention=False)
+        block(random(1, 4, 16))
+        block(random(1, 1, 16), self_attention_cache=block.empty_cache(1, 4))
+
+
+def test_blocks_in_sequential_functional_and_subclassed_models():
+    x = random(2, 5, 16)
+    sequential = keras.Sequential([keras.Input((5, 16)), TransformerEncoderBlock(4, 32), TransformerDecoderBlock(4, 32, cross_attention=False)])
+    assert sequential(x).shape == (2, 5, 16)
+
+    src, tgt = keras.Input((None, 16)), keras.Input((None, 16))
+    out = TransformerDecoderBlock(4, 32)(tgt, TransformerEncoderBlock(4, 32)(src))
+    functional = keras.Model([src, tgt], out)
+    assert functional([x, x[:, :3]]).shape == (2, 3, 16)
+
+    class Seq2Seq(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.encoder = TransformerEncoderBlock(4, 32)
+            self.decoder = TransformerDecoderBlock(4, 32)
+
+        def call(self, inputs):
+            return self.decoder(inputs[1], self.encoder(inputs[0]))
+
+    assert Seq2Seq()((x, x[:, :2])).shape == (2, 2, 16)
