@@ -134,3 +134,19 @@ def test_blocks_in_sequential_functional_and_subclassed_models():
             return self.decoder(inputs[1], self.encoder(inputs[0]))
 
     assert Seq2Seq()((x, x[:, :2])).shape == (2, 2, 16)
+
+
+@pytest.mark.parametrize("policy, tolerance", [("mixed_float16", 2e-2), ("mixed_bfloat16", 1e-1)])
+def test_mixed_precision_blocks_are_finite_and_close_to_float32(policy, tolerance):
+    x, mask = random(2, 6, 16, seed=7), padding([6, 2], 6)
+    reference = TransformerDecoderBlock(4, 32, cross_attention=False)
+    want = ops.convert_to_numpy(reference(x, padding_mask=mask))
+    keras.config.set_dtype_policy(policy)
+    block = TransformerDecoderBlock(4, 32, cross_attention=False)
+    block(x, padding_mask=mask)
+    block.set_weights(reference.get_weights())
+    got = block(x, padding_mask=mask)
+    assert got.dtype == policy.split("_")[1]
+    got = ops.convert_to_numpy(ops.cast(got, "float32"))
+    assert np.all(np.isfinite(got))
+    np.testing.assert_allclose(got[mask], want[mask], atol=tolerance)
