@@ -1,0 +1,31 @@
+from keras import ops
+
+from kzoo.layers._validation import check_positive_int
+from kzoo.samplers.sampler import Sampler
+
+
+class TopKSampler(Sampler):
+    """Samples among the `k` most likely tokens; `k=1` is greedy.
+
+    Args:
+        k: int >= 1.
+        temperature: float > 0.
+        seed: int or None, for reproducible output.
+
+    Example:
+    >>> model.generate(prompt, sampler=TopKSampler(k=10, seed=0))
+
+    References:
+        Fan et al., "Hierarchical Neural Story Generation", 2018.
+    """
+
+    def __init__(self, k=5, temperature=1.0, seed=None):
+        super().__init__(temperature, seed)
+        self.k = check_positive_int("k", k)
+
+    def filter_probabilities(self, probabilities):
+        kth = ops.top_k(probabilities, min(self.k, probabilities.shape[-1]))[0][:, -1:]
+        return ops.where(probabilities >= kth, probabilities, 0.0)
+
+    def get_config(self):
+        return {**super().get_config(), "k": self.k}
