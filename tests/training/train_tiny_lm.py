@@ -1,0 +1,114 @@
+"""Trains a tiny kzoo language model for the tests of `kzoo.training`, in its own process.
+
+    python train_tiny_lm.py {single,mirrored,multi_worker} OUTPUT_DIR WEIGHTS_FILE
+
+- single: the default strategy, one CPU.
+- mirrored: `MirroredStrategy` over two logical CPUs, set before TensorFlow starts.
+- multi_worker: `MultiWorkerMirroredStrategy` from TF_CONFIG.
+
+Every mode trains the same model on the same global batches for `EPOCHS *
+STEPS_PER_EPOCH` steps with `kzoo.training.callbacks(OUTPUT_DIR, ...)`, then
+saves the weights to WEIGHTS_FILE (.npz). To stop the run at a given step for
+a kill, a test writes the step number to OUTPUT_DIR/pause_at: the run then
+writes OUTPUT_DIR/paused at that step and sleeps; the test removes pause_at
+before it restarts the same command.
+"""
+
+import contextlib
+import importlib.util
+import os
+import sys
+import time
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+VOCABULARY_SIZE = 32
+SEQUENCE_LENGTH = 8
+GLOBAL_BATCH_SIZE = 8
+EPOCHS = 2
+STEPS_PER_EPOCH = 6
+BACKUP_FREQ = 2
+
+
+def main(mode, output_dir, weights_file):
+    # The machine running the tests is small and shared.
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    if mode == "mirrored":
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    tf.config.experimental.enable_op_determinism()
+
+    import keras
+
+    import kzoo.layers
+    import kzoo.training
+
+    strategy = {
+        "single": lambda: tf.distribute.get_strategy(),
+        "mirrored": lambda: tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]),
+        "multi_worker": lambda: kzoo.training.get_strategy("multi_worker"),
+    }[mode]()
+    config = kzoo.training.configure(strategy)
+    config.per_replica_batch_size(GLOBAL_BATCH_SIZE)
+
+    class TinyLM(kzoo.training.MultiWorkerTrainerMixin, keras.Model):
+        pass
+
+    keras.utils.set_random_seed(0)
+    with config.strategy.scope():
+        token_ids = keras.Input((SEQUENCE_LENGTH,), dtype="int32")
+        x = kzoo.layers.TokenAndPositionEmbedding(VOCABULARY_SIZE, SEQUENCE_LENGTH, 16)(token_ids)
+        x = kzoo.layers.TransformerDecoderBlock(num_heads=2, intermediate_dim=32, cross_attention=False)(x)
+        model = TinyLM(token_ids, keras.layers.Dense(VOCABULARY_SIZE)(x))
+        # A schedule on optimizer.iterations, the global step, which the backup
+        # restores with the momentum. Not Adam: the attention's key bias has
+        # no gradient (softmax is shift-invariant), and Adam would scale the
+        # round-off that stands for it, which differs between devices, up to
+        # the learning rate.
+        learning_rate = keras.optimizers.schedules.CosineDecay(
+            0.0, decay_steps=8, warmup_target=0.1, warmup_steps=4
+        )
+        model.compile(
+            optimizer=keras.optimizers.SGD(learning_rate, momentum=0.9),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+            jit_compile=config.jit_compile,
+        )
+
+    tokens = np.random.default_rng(0).integers(1, VOCABULARY_SIZE, (64, SEQUENCE_LENGTH + 1)).astype("int32")
+    stream = kzoo.training.shard_by_data(
+        tf.data.Dataset.from_tensor_slices((tokens[:, :-1], tokens[:, 1:]))
+        .repeat()
+        .shuffle(64, seed=1, reshuffle_each_iteration=False)
+        .batch(GLOBAL_BATCH_SIZE)
+    )
+
+    class PauseAt(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            pause_file = os.path.join(output_dir, "pause_at")
+            step = self.epoch * STEPS_PER_EPOCH + batch + 1
+            with contextlib.suppress(FileNotFoundError):  # Workers share the file.
+                if int(open(pause_file).read()) == step:
+                    open(os.path.join(output_dir, "paused"), "w").close()
+                    time.sleep(600)
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+    callbacks = kzoo.training.callbacks(
+        output_dir,
+        config.strategy,
+        backup_freq=BACKUP_FREQ,
+        tensorboard=importlib.util.find_spec("tensorboard") is not None,
+    )
+    model.fit(stream, epochs=EPOCHS, steps_per_epoch=STEPS_PER_EPOCH, callbacks=callbacks + [PauseAt()], verbose=0)
+    np.savez(weights_file, *model.get_weights())
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
