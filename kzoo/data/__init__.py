@@ -1,0 +1,30 @@
+"""kzoo's data layer: shipped corpora, tensorflow-datasets builders, tokenizers and tf.data pipelines.
+
+- `load(name, split)`: a kzoo corpus (`BUILDERS`, read offline from `recipes/data`) or any
+  tensorflow-datasets catalog dataset, as a `tf.data.Dataset`.
+- `kzoo.data.corpora`: the same corpora as plain Python splits (`read_spa_eng`, ...).
+- `kzoo.data.tokenizers`: keras-hub character and WordPiece tokenizers, kzoo's special tokens.
+- `kzoo.data.pipelines`: batches for language modelling, masked LM, classification, tagging
+  and seq2seq.
+
+Example:
+>>> pairs = load("kzoo_spa_eng", "train", data_dir="/tmp/tfds", as_supervised=True)
+>>> english = word_piece_tokenizer(train_word_piece_vocabulary(pairs.map(lambda en, es: en), 8000))
+"""
+
+from kzoo.data.builders import BUILDERS
+from kzoo.data.builders import load
+from kzoo.data.corpora import corpus_dir
+from kzoo.data.corpora import seeded_split
+from kzoo.data.pipelines import classification_batches
+from kzoo.data.pipelines import lm_windows
+from kzoo.data.pipelines import masked_lm_batches
+from kzoo.data.pipelines import seq2seq_batches
+from kzoo.data.pipelines import tagging_batches
+from kzoo.data.readers import DataFileError
+from kzoo.data.tokenizers import SPECIAL_TOKENS
+from kzoo.data.tokenizers import character_tokenizer
+from kzoo.data.tokenizers import load_tokenizer
+from kzoo.data.tokenizers import save_tokenizer
+from kzoo.data.tokenizers import train_word_piece_vocabulary
+from kzoo.data.tokenizers import word_piece_tokenizer

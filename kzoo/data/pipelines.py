@@ -1,0 +1,464 @@
+"""tf.data pipelines from text datasets to model batches, for any tokenizer.
+
+A tokenizer is any callable mapping a string tensor of shape `[n]` to token ids of shape
+`[n, None]`, ragged, or dense with trailing padding 0 (every keras-hub tokenizer does this); the
+pipelines call it inside tf.data. The padding id is 0 (`PAD_ID`); the start, end and mask ids
+default to kzoo's WordPiece layout (see `kzoo.data.tokenizers`); pass others for another
+vocabulary. Sequences longer than `sequence_length` are truncated.
+
+The text pipelines tokenize in parallel with the order kept, cache the tokenized examples in
+memory (`cache=True`), shuffle when `shuffle_buffer_size` is given, batch and prefetch;
+`lm_windows` starts from token ids. With the same `seed` a pipeline yields the same batches in
+the same order on every run; each new pass (epoch) is reshuffled, reproducibly. `seed=None`
+gives a fresh order each run.
+"""
+
+import math
+
+import keras_hub
+import tensorflow as tf
+
+from kzoo.data.tokenizers import BOS_ID
+from kzoo.data.tokenizers import CLS_ID
+from kzoo.data.tokenizers import EOS_ID
+from kzoo.data.tokenizers import MASK_ID
+from kzoo.data.tokenizers import PAD_ID
+from kzoo.data.tokenizers import SEP_ID
+
+_AUTOTUNE = tf.data.AUTOTUNE
+_BERT_INPUTS = ("token_ids", "segment_ids", "padding_mask")
+
+
+def lm_windows(
+    token_ids,
+    sequence_length,
+    batch_size,
+    *,
+    stride=None,
+    shuffle_buffer_size=None,
+    seed=None,
+    drop_remainder=True,
+):
+    """Next-token prediction batches `(inputs, targets)` cut from one long token sequence.
+
+    Window `i` holds tokens `[i * stride, i * stride + sequence_length + 1)`; `inputs` are its
+    first `sequence_length` tokens and `targets` the last `sequence_length`, so
+    `targets[:, t] == inputs[:, t + 1]` and the last target is the token after the window.
+    Windows are cut by index from the tensor, so shuffling them is cheap: pass
+    `shuffle_buffer_size` >= the number of windows for a full shuffle.
+
+    Args:
+        token_ids: the token sequence: a 1-D tensor, array or list of ints, or a
+            `tf.data.Dataset` of token ids (scalars or sequences, concatenated in order).
+        sequence_length: int, tokens per example.
+        batch_size: int.
+        stride: int, the offset between window starts; defaults to `sequence_length`
+            (consecutive windows, each token a target once).
+        shuffle_buffer_size: int or None; None keeps the windows in text order.
+        seed: int or None, the shuffle seed.
+        drop_remainder: bool, drop a last, smaller batch (keeps shapes static).
+
+    Returns:
+        A `tf.data.Dataset` of `(inputs, targets)`, both int32 `[batch_size, sequence_length]`.
+
+    Example:
+    >>> inputs, targets = next(iter(lm_windows(tf.range(10), sequence_length=4, batch_size=2)))
+    >>> inputs.numpy().tolist(), targets.numpy().tolist()
+    ([[0, 1, 2, 3], [4, 5, 6, 7]], [[1, 2, 3, 4], [5, 6, 7, 8]])
+    """
+    token_ids = _token_vector(token_ids)
+    stride = stride or sequence_length
+    window_length = sequence_length + 1
+    num_windows = (int(tf.size(token_ids)) - window_length) // stride + 1
+    if num_windows < 1:
+        raise ValueError(
+            f"`token_ids` has {int(tf.size(token_ids))} tokens; a window needs sequence_length + 1 = {window_length}."
+        )
+
+    def window(start):
+        tokens = tf.reshape(token_ids[start : start + window_length], [window_length])
+        return tokens[:-1], tokens[1:]
+
+    starts = tf.data.Dataset.range(num_windows).map(lambda i: i * stride)
+    starts = _cache_and_shuffle(starts, cache=False, shuffle_buffer_size=shuffle_buffer_size, seed=seed)
+    windows = starts.map(window, num_parallel_calls=_AUTOTUNE, deterministic=True)
+    return windows.batch(batch_size, drop_remainder=drop_remainder).prefetch(_AUTOTUNE)
+
+
+def masked_lm_batches(
+    texts,
+    tokenizer,
+    sequence_length,
+    batch_size,
+    *,
+    vocabulary_size=None,
+    mask_selection_rate=0.15,
+    mask_selection_length=None,
+    start_token_id=CLS_ID,
+    end_token_id=SEP_ID,
+    mask_token_id=MASK_ID,
+    shuffle_buffer_size=None,
+    seed=None,
+    cache=True,
+    drop_remainder=False,
+):
+    """BERT masked-LM batches in the input format of keras-hub's `BertMaskedLM`.
+
+    Each text becomes `[CLS] tokens [SEP]`, padded. `keras_hub.layers.MaskedLMMaskGenerator`
+    then selects `mask_selection_rate` of the tokens (never padding, `[CLS]` or `[SEP]`) and
+    replaces 80% of them with `[MASK]`, 10% with a random token and leaves 10%. Masks are
+    drawn after caching and shuffling, on every pass. Without a `seed` each pass draws new
+    masks. With a `seed` the masks are reproducible: every pass replays the same random draws
+    over that pass's order, so give a `shuffle_buffer_size` for masks that differ between
+    epochs. (The seeded masking step runs sequentially: the generator's random ops are stateful.)
+
+    Args:
+        texts: a `tf.data.Dataset` of strings.
+        tokenizer: a keras-hub tokenizer or a callable, see the module docstring.
+        sequence_length: int, tokens per example including `[CLS]` and `[SEP]`.
+        batch_size: int.
+        vocabulary_size: int, the range of random replacement ids; defaults to
+            `tokenizer.vocabulary_size()`.
+        mask_selection_rate: float, the fraction of tokens selected for prediction.
+        mask_selection_length: int, the most selections per example (the length of
+            `mask_positions`); defaults to `ceil(sequence_length * mask_selection_rate)`,
+            which never drops a selection.
+        start_token_id: int or None (no start token).
+        end_token_id: int or None (no end token).
+        mask_token_id: int.
+        shuffle_buffer_size: int or None (no shuffling).
+        seed: int or None; fixes the shuffle and the masks.
+        cache: bool, keep tokenized texts in memory after the first pass.
+        drop_remainder: bool, drop a last, smaller batch.
+
+    Returns:
+        A `tf.data.Dataset` of `(x, mask_ids, mask_weights)`: `x` holds the BERT inputs
+        `"token_ids"` (masked), `"segment_ids"` (zeros) and `"padding_mask"` (True on real
+        tokens), all `[batch, sequence_length]`, and `"mask_positions"`
+        `[batch, mask_selection_length]`; `mask_ids` are the original ids at those positions
+        (the targets) and `mask_weights` 1.0 on real selections, 0.0 on padding (the sample
+        weights).
+
+    Example:
+    >>> texts = tf.data.Dataset.from_tensor_slices(["the cat sat", "the hat"])
+    >>> tokenizer = word_piece_tokenizer(train_word_piece_vocabulary(texts, 40))
+    >>> x, mask_ids, mask_weights = next(iter(masked_lm_batches(texts, tokenizer, 8, 2, seed=0)))
+    >>> x["token_ids"].shape, x["mask_positions"].shape
+    (TensorShape([2, 8]), TensorShape([2, 2]))
+    """
+    if vocabulary_size is None:
+        vocabulary_size = _vocabulary_size(tokenizer)
+    mask_selection_length = mask_selection_length or math.ceil(sequence_length * mask_selection_rate)
+    special_ids = [PAD_ID] + [i for i in (start_token_id, end_token_id) if i is not None]
+    masker = keras_hub.layers.MaskedLMMaskGenerator(
+        vocabulary_size=vocabulary_size,
+        mask_selection_rate=mask_selection_rate,
+        mask_token_id=mask_token_id,
+        mask_selection_length=mask_selection_length,
+        unselectable_token_ids=special_ids,
+    )
+
+    def encode(text):
+        return _wrap(_tokenize_one(tokenizer, text), sequence_length, start_token_id, end_token_id)
+
+    def mask(token_ids):
+        if seed is not None:
+            # Sets the seed of this tf.data function's graph only (it is traced, not eager),
+            # which fixes the op seeds of the masker's random ops.
+            tf.compat.v1.set_random_seed(seed)
+        masked = masker(token_ids)
+        mask_positions = tf.cast(masked["mask_positions"], tf.int32)
+        x = {**_bert_inputs(masked["token_ids"]), "mask_positions": mask_positions}
+        return x, tf.cast(masked["mask_ids"], tf.int32), masked["mask_weights"]
+
+    dataset = texts.map(encode, num_parallel_calls=_AUTOTUNE, deterministic=True)
+    dataset = _cache_and_shuffle(dataset, cache, shuffle_buffer_size, seed)
+    dataset = dataset.map(mask, num_parallel_calls=None if seed is not None else _AUTOTUNE)
+    padded_shapes = (
+        {**{key: [sequence_length] for key in _BERT_INPUTS}, "mask_positions": [mask_selection_length]},
+        [mask_selection_length],
+        [mask_selection_length],
+    )
+    dataset = dataset.padded_batch(batch_size, padded_shapes=padded_shapes, drop_remainder=drop_remainder)
+    return dataset.prefetch(_AUTOTUNE)
+
+
+def classification_batches(
+    examples,
+    tokenizer,
+    sequence_length,
+    batch_size,
+    *,
+    start_token_id=CLS_ID,
+    end_token_id=SEP_ID,
+    shuffle_buffer_size=None,
+    seed=None,
+    cache=True,
+    drop_remainder=False,
+):
+    """Sequence classification batches: `[CLS] tokens [SEP]` padded with 0, and the label.
+
+    The inputs are those of kzoo's (and keras-hub's) `BertClassifier`; a model that reads only
+    token ids takes `x["token_ids"]`.
+
+    Args:
+        examples: a `tf.data.Dataset` of `(text, label)`, e.g.
+            `kzoo.data.load("kzoo_rt_polarity", "train", as_supervised=True)`.
+        tokenizer: a keras-hub tokenizer or a callable, see the module docstring.
+        sequence_length: int, tokens per example including the start and end tokens.
+        batch_size: int.
+        start_token_id: int or None (no start token).
+        end_token_id: int or None (no end token).
+        shuffle_buffer_size: int or None (no shuffling).
+        seed: int or None, the shuffle seed.
+        cache: bool, keep tokenized examples in memory after the first pass.
+        drop_remainder: bool, drop a last, smaller batch.
+
+    Returns:
+        A `tf.data.Dataset` of `(x, label)`: `x` holds the BERT inputs `"token_ids"`,
+        `"segment_ids"` (zeros) and `"padding_mask"` (True on real tokens), all
+        `[batch, sequence_length]`; the labels are `[batch]`.
+
+    Example:
+    >>> examples = tf.data.Dataset.from_tensor_slices((["a fine film", "dull"], [1, 0]))
+    >>> x, label = next(iter(classification_batches(examples, character_tokenizer(), 8, 2)))
+    >>> x["token_ids"].shape, label.numpy().tolist()
+    (TensorShape([2, 8]), [1, 0])
+    """
+
+    def encode(text, label):
+        token_ids = _wrap(_tokenize_one(tokenizer, text), sequence_length, start_token_id, end_token_id)
+        return _bert_inputs(token_ids), label
+
+    dataset = examples.map(encode, num_parallel_calls=_AUTOTUNE, deterministic=True)
+    dataset = _cache_and_shuffle(dataset, cache, shuffle_buffer_size, seed)
+    padded_shapes = ({key: [sequence_length] for key in _BERT_INPUTS}, [])
+    dataset = dataset.padded_batch(batch_size, padded_shapes=padded_shapes, drop_remainder=drop_remainder)
+    return dataset.prefetch(_AUTOTUNE)
+
+
+def tagging_batches(
+    examples,
+    tokenizer,
+    sequence_length,
+    batch_size,
+    *,
+    start_token_id=CLS_ID,
+    end_token_id=SEP_ID,
+    ignore_label=0,
+    shuffle_buffer_size=None,
+    seed=None,
+    cache=True,
+    drop_remainder=False,
+):
+    """Token tagging batches with word labels aligned to sub-word tokens.
+
+    Each word is tokenized on its own; its label goes on its first piece. Its other pieces,
+    `[CLS]`, `[SEP]` and padding get `ignore_label` and sample weight 0, so a weighted loss
+    and metrics count each word once. A word the tokenizer turns into no piece at all (only
+    possible with a tokenizer that drops characters) loses its label, and words past
+    `sequence_length` are truncated with theirs.
+
+    Args:
+        examples: a `tf.data.Dataset` of `(words, tags)`: a 1-D string tensor and a 1-D int
+            tensor of the same length, e.g.
+            `kzoo.data.load("kzoo_wnut17", "train", as_supervised=True)`.
+        tokenizer: a keras-hub tokenizer or a callable, see the module docstring.
+        sequence_length: int, tokens per example including the start and end tokens.
+        batch_size: int.
+        start_token_id: int or None (no start token).
+        end_token_id: int or None (no end token).
+        ignore_label: int, the label of positions that are not a word's first piece; a valid
+            class id by default (0), so a plain sparse cross-entropy accepts it, weighted 0.
+        shuffle_buffer_size: int or None (no shuffling).
+        seed: int or None, the shuffle seed.
+        cache: bool, keep tokenized examples in memory after the first pass.
+        drop_remainder: bool, drop a last, smaller batch.
+
+    Returns:
+        A `tf.data.Dataset` of `(x, labels, sample_weight)`, all `[batch, sequence_length]`:
+        `x` holds the BERT inputs `"token_ids"`, `"segment_ids"` (zeros) and `"padding_mask"`
+        (True on real tokens); int32 labels; float32 weights, 1.0 on each word's first piece,
+        else 0.0.
+
+    Example:
+    >>> words, tags = tf.ragged.constant([["Hi", "Bo"]]), tf.ragged.constant([[0, 9]])
+    >>> examples = tf.data.Dataset.from_tensor_slices((words, tags))
+    >>> batches = tagging_batches(examples, character_tokenizer(), 6, 1, start_token_id=None, end_token_id=None)
+    >>> x, labels, weights = next(iter(batches))
+    >>> labels.numpy().tolist(), weights.numpy().tolist()
+    ([[0, 0, 9, 0, 0, 0]], [[1.0, 0.0, 1.0, 0.0, 0.0, 0.0]])
+    """
+
+    def special(value):
+        # The values of one tensor at the start and end positions, where those exist.
+        return (None if start_token_id is None else value, None if end_token_id is None else value)
+
+    def encode(words, tags):
+        pieces = _tokenize(tokenizer, words)
+        is_first = tf.ragged.range(pieces.row_lengths()).flat_values == 0
+        word_labels = tf.repeat(tf.cast(tags, tf.int32), pieces.row_lengths())
+        labels = tf.where(is_first, word_labels, ignore_label)
+        token_ids = _wrap(pieces.flat_values, sequence_length, start_token_id, end_token_id)
+        x = _bert_inputs(token_ids)
+        labels = _wrap(labels, sequence_length, *special(ignore_label))
+        sample_weight = _wrap(tf.cast(is_first, tf.float32), sequence_length, *special(0.0))
+        return x, labels, sample_weight
+
+    dataset = examples.map(encode, num_parallel_calls=_AUTOTUNE, deterministic=True)
+    dataset = _cache_and_shuffle(dataset, cache, shuffle_buffer_size, seed)
+    shape = [sequence_length]
+    dataset = dataset.padded_batch(
+        batch_size,
+        padded_shapes=({key: shape for key in _BERT_INPUTS}, shape, shape),
+        padding_values=({"token_ids": PAD_ID, "segment_ids": 0, "padding_mask": False}, ignore_label, 0.0),
+        drop_remainder=drop_remainder,
+    )
+    return dataset.prefetch(_AUTOTUNE)
+
+
+def seq2seq_batches(
+    pairs,
+    source_tokenizer,
+    target_tokenizer,
+    source_length,
+    target_length,
+    batch_size,
+    *,
+    start_token_id=BOS_ID,
+    end_token_id=EOS_ID,
+    bucket_boundaries=None,
+    shuffle_buffer_size=None,
+    seed=None,
+    cache=True,
+    drop_remainder=False,
+):
+    """Encoder-decoder batches for teacher forcing.
+
+    For a pair `(x, y)`: the encoder reads `x`, the decoder reads `[BOS] y` and predicts
+    `y [EOS]`, one position ahead. Padding is 0 with sample weight 0. `y` is truncated to
+    `target_length - 1` tokens, so both decoder sequences fit `target_length`.
+
+    Without `bucket_boundaries` every batch is padded to `source_length` / `target_length`.
+    With them, pairs are grouped by length (the longer of encoder input and decoder target)
+    with `tf.data.Dataset.bucket_by_sequence_length` and each batch is padded to its longest
+    sequence, which wastes less compute on padding.
+
+    Args:
+        pairs: a `tf.data.Dataset` of `(source_text, target_text)`, e.g.
+            `kzoo.data.load("kzoo_spa_eng", "train", as_supervised=True)`.
+        source_tokenizer: tokenizer of the source texts, see the module docstring.
+        target_tokenizer: tokenizer of the target texts (may be the same object).
+        source_length: int, the most encoder tokens.
+        target_length: int, the most decoder tokens, `[BOS]`/`[EOS]` included.
+        batch_size: int.
+        start_token_id: int, the `[BOS]` id in the target vocabulary.
+        end_token_id: int, the `[EOS]` id in the target vocabulary.
+        bucket_boundaries: list of increasing ints or None: bucket `i` holds lengths in
+            `[boundaries[i-1], boundaries[i])`, the last bucket everything longer.
+        shuffle_buffer_size: int or None (no shuffling).
+        seed: int or None, the shuffle seed.
+        cache: bool, keep tokenized pairs in memory after the first pass.
+        drop_remainder: bool, drop smaller last batches.
+
+    Returns:
+        A `tf.data.Dataset` of `({"encoder_token_ids", "decoder_token_ids"}, targets,
+        sample_weight)`: int32 `[batch, source_length]`, int32 `[batch, target_length]` twice,
+        and float32 `[batch, target_length]` (1.0 on `y [EOS]`, 0.0 on padding); with
+        buckets the lengths are those of each batch's longest pair.
+
+    Example:
+    >>> pairs = tf.data.Dataset.from_tensor_slices((["Go."], ["Ve."]))
+    >>> characters = character_tokenizer()  # [BOS], [EOS]: code points 2 and 3 (STX, ETX)
+    >>> batches = seq2seq_batches(pairs, characters, characters, 4, 5, 1, start_token_id=2, end_token_id=3)
+    >>> x, y, w = next(iter(batches))
+    >>> x["decoder_token_ids"].numpy().tolist(), y.numpy().tolist()
+    ([[2, 86, 101, 46, 0]], [[86, 101, 46, 3, 0]])
+    """
+
+    def encode(source, target):
+        source_ids = _tokenize_one(source_tokenizer, source)[:source_length]
+        target_ids = _tokenize_one(target_tokenizer, target)
+        decoder_ids = _wrap(target_ids, target_length, start_token_id, None)
+        targets = _wrap(target_ids, target_length, None, end_token_id)
+        x = {"encoder_token_ids": source_ids, "decoder_token_ids": decoder_ids}
+        return x, targets, tf.ones_like(targets, tf.float32)
+
+    dataset = pairs.map(encode, num_parallel_calls=_AUTOTUNE, deterministic=True)
+    dataset = _cache_and_shuffle(dataset, cache, shuffle_buffer_size, seed)
+    if bucket_boundaries is None:
+        padded_shapes = (
+            {"encoder_token_ids": [source_length], "decoder_token_ids": [target_length]},
+            [target_length],
+            [target_length],
+        )
+        dataset = dataset.padded_batch(batch_size, padded_shapes=padded_shapes, drop_remainder=drop_remainder)
+    else:
+        dataset = dataset.bucket_by_sequence_length(
+            element_length_func=lambda x, targets, _: tf.maximum(tf.size(x["encoder_token_ids"]), tf.size(targets)),
+            bucket_boundaries=list(bucket_boundaries),
+            bucket_batch_sizes=[batch_size] * (len(bucket_boundaries) + 1),
+            drop_remainder=drop_remainder,
+        )
+    return dataset.prefetch(_AUTOTUNE)
+
+
+def _token_vector(token_ids):
+    """A 1-D int32 tensor of all tokens in `token_ids` (a tensor, array, list or dataset)."""
+    if isinstance(token_ids, tf.data.Dataset):
+        # Unbatching in tf.data then concatenating large chunks is far faster than one
+        # Python step per token or per line.
+        chunks = list(token_ids.map(lambda ids: tf.reshape(ids, [-1])).unbatch().batch(1 << 16))
+        if not chunks:
+            raise ValueError("`token_ids` is an empty dataset.")
+        token_ids = tf.concat(chunks, axis=0)
+    token_ids = tf.convert_to_tensor(token_ids)
+    if token_ids.shape.rank != 1 or not token_ids.dtype.is_integer:
+        raise ValueError(
+            f"`token_ids` must be a 1-D sequence of integer ids; received {token_ids.dtype.name} "
+            f"of shape {token_ids.shape}."
+        )
+    return tf.cast(token_ids, tf.int32)
+
+
+def _bert_inputs(token_ids):
+    """The BERT input dict of one unpadded sequence (one segment); padding comes at batching."""
+    return {
+        "token_ids": token_ids,
+        "segment_ids": tf.zeros_like(token_ids),
+        "padding_mask": tf.ones_like(token_ids, tf.bool),
+    }
+
+
+def _tokenize(tokenizer, strings):
+    """Ragged int32 token ids `[n, None]` of a string tensor of shape `[n]`."""
+    token_ids = tokenizer(strings)
+    if not isinstance(token_ids, tf.RaggedTensor):
+        token_ids = tf.RaggedTensor.from_tensor(token_ids, padding=PAD_ID)
+    return tf.cast(token_ids, tf.int32)
+
+
+def _tokenize_one(tokenizer, string):
+    """1-D int32 token ids of a scalar string."""
+    return _tokenize(tokenizer, string[tf.newaxis])[0]
+
+
+def _wrap(values, max_length, start=None, end=None):
+    """`[start] values [end]`, without the `None` ones, with `values` cut to fit `max_length`."""
+    prefix = [] if start is None else [tf.constant([start], values.dtype)]
+    suffix = [] if end is None else [tf.constant([end], values.dtype)]
+    return tf.concat([*prefix, values[: max_length - len(prefix) - len(suffix)], *suffix], axis=0)
+
+
+def _cache_and_shuffle(dataset, cache, shuffle_buffer_size, seed):
+    if cache:
+        dataset = dataset.cache()
+    if shuffle_buffer_size:
+        dataset = dataset.shuffle(shuffle_buffer_size, seed=seed, reshuffle_each_iteration=True)
+    return dataset
+
+
+def _vocabulary_size(tokenizer):
+    if not hasattr(tokenizer, "vocabulary_size"):
+        raise ValueError("Pass `vocabulary_size`: the tokenizer has no `vocabulary_size()` method.")
+    return int(tokenizer.vocabulary_size())

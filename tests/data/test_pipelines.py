@@ -1,0 +1,190 @@
+"""tf.data pipelines: shifted, masked, aligned and teacher-forced batches on hand-made examples."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from kzoo.data import character_tokenizer
+from kzoo.data import classification_batches
+from kzoo.data import lm_windows
+from kzoo.data import masked_lm_batches
+from kzoo.data import seq2seq_batches
+from kzoo.data import tagging_batches
+from kzoo.data import word_piece_tokenizer
+from kzoo.data.tokenizers import CLS_ID
+from kzoo.data.tokenizers import MASK_ID
+from kzoo.data.tokenizers import SEP_ID
+from kzoo.data.tokenizers import SPECIAL_TOKENS
+from kzoo.data.tokenizers import UNK_ID
+
+# A hand-made WordPiece vocabulary: "the"=7, "cat"=8, "##s"=9, "new"=10, "york"=11.
+VOCABULARY = [*SPECIAL_TOKENS, "the", "cat", "##s", "new", "york"]
+
+
+def as_lists(dataset):
+    return [tf.nest.map_structure(lambda t: t.numpy().tolist(), batch) for batch in dataset]
+
+
+def test_lm_windows_targets_are_inputs_shifted_by_one():
+    batches = as_lists(lm_windows(tf.range(100, 121), sequence_length=4, batch_size=2))
+    assert batches == [
+        ([[100, 101, 102, 103], [104, 105, 106, 107]], [[101, 102, 103, 104], [105, 106, 107, 108]]),
+        ([[108, 109, 110, 111], [112, 113, 114, 115]], [[109, 110, 111, 112], [113, 114, 115, 116]]),
+    ]  # 5 windows of 5 tokens fit in 21; the fifth is dropped with the incomplete batch
+
+
+def test_lm_windows_stride_and_a_dataset_of_lines():
+    lines = tf.data.Dataset.from_tensor_slices(tf.ragged.constant([[0, 1, 2], [3, 4, 5, 6], [7, 8, 9]]))
+    inputs, targets = next(iter(lm_windows(lines, sequence_length=3, batch_size=4, stride=2)))
+    assert inputs.numpy().tolist() == [[0, 1, 2], [2, 3, 4], [4, 5, 6], [6, 7, 8]]
+    assert targets.numpy().tolist() == [[1, 2, 3], [3, 4, 5], [5, 6, 7], [7, 8, 9]]
+    assert inputs.dtype == tf.int32
+
+
+def test_lm_windows_shuffle_is_seeded_and_keeps_every_window():
+    def windows(seed):
+        dataset = lm_windows(np.arange(401), 4, 10, shuffle_buffer_size=100, seed=seed)
+        return [inputs for batch_inputs, _ in as_lists(dataset) for inputs in batch_inputs]
+
+    first = windows(seed=1)
+    assert first == windows(seed=1)
+    assert first != windows(seed=2)
+    assert sorted(first) == [[i, i + 1, i + 2, i + 3] for i in range(0, 400, 4)]
+
+
+def test_lm_windows_rejects_too_few_or_non_integer_tokens():
+    with pytest.raises(ValueError, match="a window needs sequence_length \\+ 1 = 9"):
+        lm_windows(tf.range(8), sequence_length=8, batch_size=1)
+    with pytest.raises(ValueError, match="integer ids"):
+        lm_windows(tf.constant([0.5, 1.5, 2.5]), sequence_length=1, batch_size=1)
+
+
+def test_classification_pads_truncates_and_keeps_labels():
+    examples = tf.data.Dataset.from_tensor_slices((["the cats", "new york the cat the cat"], [1, 0]))
+    ((x, labels),) = as_lists(classification_batches(examples, word_piece_tokenizer(VOCABULARY), 6, 2))
+    assert x["token_ids"] == [[CLS_ID, 7, 8, 9, SEP_ID, 0], [CLS_ID, 10, 11, 7, 8, SEP_ID]]
+    assert x["padding_mask"] == [[True] * 5 + [False], [True] * 6]
+    assert x["segment_ids"] == [[0] * 6] * 2
+    assert labels == [1, 0]
+
+
+def test_tagging_puts_each_label_on_the_first_sub_word_piece():
+    words = tf.ragged.constant([["the", "cats", "zebra", "new", "york"]])
+    tags = tf.ragged.constant([[0, 3, 5, 7, 8]])
+    examples = tf.data.Dataset.from_tensor_slices((words, tags))
+    batches = tagging_batches(examples, word_piece_tokenizer(VOCABULARY), 10, 1, ignore_label=-1)
+    ((x, labels, weights),) = as_lists(batches)
+    #           [CLS]  the  cat ##s  zebra new york [SEP] pad pad
+    assert x["token_ids"] == [[CLS_ID, 7, 8, 9, UNK_ID, 10, 11, SEP_ID, 0, 0]]
+    assert labels == [[-1, 0, 3, -1, 5, 7, 8, -1, -1, -1]]
+    assert weights == [[0.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0]]
+    assert x["padding_mask"] == [[True] * 8 + [False] * 2]
+    assert x["segment_ids"] == [[0] * 10]
+
+
+def test_tagging_truncation_keeps_ids_labels_and_weights_aligned():
+    words, tags = tf.ragged.constant([["cats", "cats", "cats"]]), tf.ragged.constant([[1, 2, 3]])
+    examples = tf.data.Dataset.from_tensor_slices((words, tags))
+    ((x, labels, weights),) = as_lists(tagging_batches(examples, word_piece_tokenizer(VOCABULARY), 5, 1))
+    assert x["token_ids"] == [[CLS_ID, 8, 9, 8, SEP_ID]]
+    assert labels == [[0, 1, 0, 2, 0]]
+    assert weights == [[0.0, 1.0, 0.0, 1.0, 0.0]]
+
+
+def test_seq2seq_teacher_forcing():
+    pairs = tf.data.Dataset.from_tensor_slices((["the cat"], ["new york"]))
+    tokenizer = word_piece_tokenizer(VOCABULARY)
+    ((x, targets, weights),) = as_lists(seq2seq_batches(pairs, tokenizer, tokenizer, 4, 5, 1))
+    assert x["encoder_token_ids"] == [[7, 8, 0, 0]]
+    assert x["decoder_token_ids"] == [[5, 10, 11, 0, 0]]  # [BOS] new york
+    assert targets == [[10, 11, 6, 0, 0]]  # new york [EOS]
+    assert weights == [[1.0, 1.0, 1.0, 0.0, 0.0]]
+
+
+def test_seq2seq_truncates_the_target_to_fit_bos_and_eos():
+    pairs = tf.data.Dataset.from_tensor_slices((["cats cats cats"], ["the cat the cat"]))
+    tokenizer = word_piece_tokenizer(VOCABULARY)
+    ((x, targets, weights),) = as_lists(seq2seq_batches(pairs, tokenizer, tokenizer, 3, 4, 1))
+    assert x["encoder_token_ids"] == [[8, 9, 8]]
+    assert x["decoder_token_ids"] == [[5, 7, 8, 7]]
+    assert targets == [[7, 8, 7, 6]]
+    assert weights == [[1.0] * 4]
+
+
+def test_seq2seq_length_buckets_pad_each_batch_to_its_longest_pair():
+    sources = ["ab", "abcdefghij", "abc", "abcdefghijkl", "a", "abcdefghi"]
+    pairs = tf.data.Dataset.from_tensor_slices((sources, sources))
+    tokenizer = character_tokenizer()
+    dataset = seq2seq_batches(
+        pairs, tokenizer, tokenizer, 32, 32, 2, start_token_id=2, end_token_id=3, bucket_boundaries=[6]
+    )
+    batches = {}
+    for x, targets, weights in as_lists(dataset):
+        texts = tuple("".join(chr(i) for i in row if i) for row in x["encoder_token_ids"])
+        batches[texts] = (len(x["encoder_token_ids"][0]), len(targets[0]))
+        for text, row, weight in zip(texts, targets, weights, strict=True):
+            assert row == [*map(ord, text), 3] + [0] * (len(row) - len(text) - 1)
+            assert weight == [1.0] * (len(text) + 1) + [0.0] * (len(row) - len(text) - 1)
+    # Lengths max(len(x), len(y) + 1) below 6 and from 6 up never share a batch.
+    assert batches == {
+        ("ab", "abc"): (3, 4),
+        ("abcdefghij", "abcdefghijkl"): (12, 13),
+        ("a",): (1, 2),
+        ("abcdefghi",): (9, 10),
+    }
+
+
+def test_masked_lm_batches_mask_only_real_tokens_and_record_the_originals():
+    texts = tf.data.Dataset.from_tensor_slices([f"sentence number {i} is here" for i in range(64)])
+    tokenizer = character_tokenizer()
+    batches = as_lists(masked_lm_batches(texts, tokenizer, 32, 16, mask_selection_rate=0.25, seed=0))
+    assert len(batches) == 4
+    mask_tokens = selections = 0
+    for i, (x, mask_ids, mask_weights) in enumerate(batches):
+        assert np.shape(x["mask_positions"]) == (16, 8)  # ceil(32 * 0.25)
+        for row in range(16):
+            text = f"sentence number {16 * i + row} is here"
+            original = [CLS_ID, *map(ord, text), SEP_ID] + [0] * (30 - len(text))
+            assert x["padding_mask"][row] == [True] * (len(text) + 2) + [False] * (30 - len(text))
+            assert x["segment_ids"][row] == [0] * 32
+            n = int(sum(mask_weights[row]))
+            assert n == -(-len(text) // 4)  # ceil(0.25 * selectable tokens)
+            positions = x["mask_positions"][row][:n]
+            assert all(1 <= p <= len(text) for p in positions)  # never [CLS], [SEP] or padding
+            assert mask_ids[row][:n] == [original[p] for p in positions]
+            restored = list(x["token_ids"][row])
+            for p, token in zip(positions, mask_ids[row][:n], strict=True):
+                restored[p] = token
+            assert restored == original
+            unchanged = [p for p in range(32) if p not in positions]
+            assert [x["token_ids"][row][p] for p in unchanged] == [original[p] for p in unchanged]
+            mask_tokens += sum(x["token_ids"][row][p] == MASK_ID for p in positions)
+            selections += n
+    assert 0.7 < mask_tokens / selections < 0.9  # BERT's 80% [MASK]
+
+
+@pytest.mark.parametrize("pipeline", ["masked_lm", "classification", "seq2seq"])
+def test_pipelines_are_deterministic_under_a_seed(pipeline):
+    # tests/conftest.py seeds TensorFlow globally, which alone would make random ops repeat;
+    # unset it so that only the pipelines' own `seed` can.
+    tf.random.set_seed(None)
+    texts = [f"the cat {i} sat on mat {i % 7}" for i in range(50)]
+    tokenizer = character_tokenizer()
+
+    def batches(seed):
+        if pipeline == "masked_lm":
+            dataset = tf.data.Dataset.from_tensor_slices(texts)
+            dataset = masked_lm_batches(dataset, tokenizer, 24, 8, shuffle_buffer_size=50, seed=seed)
+        elif pipeline == "classification":
+            examples = tf.data.Dataset.from_tensor_slices((texts, list(range(50))))
+            dataset = classification_batches(examples, tokenizer, 24, 8, shuffle_buffer_size=50, seed=seed)
+        else:
+            pairs = tf.data.Dataset.from_tensor_slices((texts, texts))
+            dataset = seq2seq_batches(pairs, tokenizer, tokenizer, 24, 24, 8, shuffle_buffer_size=50, seed=seed)
+        return dataset
+
+    dataset = batches(seed=3)
+    first_epoch, second_epoch = as_lists(dataset), as_lists(dataset)
+    assert as_lists(batches(seed=3)) == first_epoch
+    assert as_lists(batches(seed=4)) != first_epoch
+    assert second_epoch != first_epoch  # reshuffled (and re-masked) every epoch
