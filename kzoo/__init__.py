@@ -6,3 +6,5 @@
 __version__ = "0.1.0"
 
 from kzoo import layers
+from kzoo import models
+from kzoo import samplers

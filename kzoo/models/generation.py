@@ -1,0 +1,145 @@
+"""The shared `generate()` machinery of the language models.
+
+A model provides a prefill and a one-token step against its KV cache; this
+module validates and packs the prompts, draws the sampler's noise, and runs
+the decode loop in one compiled function per (batch size, length, prefill
+length) that is reused across calls.
+"""
+
+import weakref
+
+import keras
+import numpy as np
+from keras import ops
+
+from kzoo import samplers as samplers_lib
+
+# Compiled decode functions per model, keyed by shapes and sampler settings.
+_COMPILED = weakref.WeakKeyDictionary()
+
+
+def pack_prompts(prompts, max_length=None, max_new_tokens=None, limit=None, pad_id=0, name="prompts"):
+    """Right-pads prompts into `(token_ids, prompt_mask)` of width `max_length`.
+
+    Args:
+        prompts: a list of id sequences (ragged), a 2-D array of ids (every
+            row full), or a dict with "token_ids" and "padding_mask".
+        max_length: total length (prompt + new tokens); defaults to `limit`.
+        max_new_tokens: alternatively, new tokens after the longest prompt.
+        limit: the model's maximum sequence length.
+        pad_id: the id written into empty slots.
+        name: the argument name used in errors.
+
+    Returns:
+        `(token_ids (B, L) int32, prompt_mask (B, L) bool, was_ragged)`.
+    """
+    if isinstance(prompts, dict):
+        ids = np.asarray(ops.convert_to_numpy(prompts["token_ids"]))
+        mask = np.asarray(ops.convert_to_numpy(prompts["padding_mask"])).astype(bool)
+        rows = [row[m] for row, m in zip(ids, mask)]
+        ragged = False
+    elif isinstance(prompts, (list, tuple)):
+        rows = [np.asarray(row, dtype="int64").reshape(-1) for row in prompts]
+        ragged = True
+    else:
+        ids = np.asarray(ops.convert_to_numpy(prompts))
+        if ids.ndim != 2:
+            raise ValueError(f"`{name}` must be 2-D (batch, length); received shape {ids.shape}.")
+        rows, ragged = list(ids), False
+    if not rows:
+        raise ValueError(f"`{name}` is empty: pass at least one prompt.")
+    lengths = [len(row) for row in rows]
+    if min(lengths) == 0:
+        raise ValueError(f"Every prompt needs at least one token; prompt {lengths.index(0)} of `{name}` is empty.")
+    longest = max(lengths)
+    if max_new_tokens is not None:
+        if max_length is not None:
+            raise ValueError("Pass `max_length` or `max_new_tokens`, not both.")
+        if max_new_tokens < 1:
+            raise ValueError(f"`max_new_tokens` must be >= 1; received max_new_tokens={max_new_tokens}.")
+        max_length = longest + max_new_tokens
+    max_length = max_length or limit
+    if limit is not None and max_length > limit:
+        raise ValueError(
+            f"`max_length` ({max_length}) must be <= the model's maximum sequence length ({limit})."
+        )
+    if longest >= max_length:
+        raise ValueError(
+            f"The longest prompt has {longest} tokens, which leaves no room to generate: "
+            f"`max_length` ({max_length}) must be > {longest}."
+        )
+    token_ids = np.full((len(rows), max_length), pad_id, "int32")
+    prompt_mask = np.zeros((len(rows), max_length), bool)
+    for i, row in enumerate(rows):
+        token_ids[i, : len(row)] = row
+        prompt_mask[i, : len(row)] = True
+    return token_ids, prompt_mask, ragged
+
+
+def prefill_length(prompt_mask):
+    """How many positions the prefill runs: the shortest prompt, rounded
+    down to a power of two so that few prefill shapes are ever compiled.
+    The decode loop feeds the rest of each prompt one token at a time."""
+    shortest = int(prompt_mask.sum(axis=1).min())
+    return 1 << (shortest.bit_length() - 1)
+
+
+def compile_function(fn, jit_compile):
+    """`tf.function` (with XLA if asked) under TensorFlow; as is elsewhere,
+    where `ops.while_loop` compiles the loop body itself."""
+    if keras.backend.backend() != "tensorflow":
+        return fn
+    import tensorflow as tf
+
+    return tf.function(fn, jit_compile=jit_compile)
+
+
+def unpack(token_ids, generated, prompt_mask, ragged):
+    """Lists of prompt + new ids for ragged input, else a dict of arrays."""
+    token_ids = ops.convert_to_numpy(token_ids)
+    mask = np.logical_or(ops.convert_to_numpy(generated), prompt_mask)
+    if ragged:
+        return [row[m].tolist() for row, m in zip(token_ids, mask)]
+    return {"token_ids": token_ids, "padding_mask": mask}
+
+
+def sampler_key(sampler):
+    """Settings baked into the compiled loop (the seed is not: noise is an input)."""
+    config = {k: v for k, v in sampler.get_config().items() if k != "seed"}
+    return type(sampler).__name__, tuple(sorted(config.items()))
+
+
+def resolve(sampler, stop_token_ids):
+    sampler = samplers_lib.get(sampler)
+    stop = np.asarray([] if stop_token_ids is None else list(stop_token_ids), "int32")
+    return sampler, stop
+
+
+def generate(model, start, prompts, max_length, max_new_tokens, sampler, stop_token_ids, jit_compile, limit):
+    """Packs `prompts`, runs the compiled decode loop and unpacks the result.
+
+    Args:
+        model: the model; its compiled functions are cached on it.
+        start: `start(prompt_ids (B, P), length) -> (logits (B, V), cache,
+            step)`, run inside the compiled function: the prefill of the
+            first P prompt tokens into a cache of `length` positions, and the
+            one-token step `step(token (B, 1), cache, index) -> (logits,
+            cache)` the loop calls.
+        limit: the model's maximum sequence length.
+        Others: as in `GPTCausalLM.generate`.
+    """
+    sampler, stop = resolve(sampler, stop_token_ids)
+    token_ids, prompt_mask, ragged = pack_prompts(prompts, max_length, max_new_tokens, limit)
+    batch, length = token_ids.shape
+    prefill = prefill_length(prompt_mask)
+    functions = _COMPILED.setdefault(model, {})
+    key = (batch, length, prefill, sampler_key(sampler), jit_compile)
+    if key not in functions:
+
+        def decode(token_ids, prompt_mask, stop_token_ids, noise):
+            logits, cache, step = start(token_ids[:, :prefill], length)
+            return sampler.run(step, token_ids, prompt_mask, logits, cache, prefill, stop_token_ids, noise)
+
+        functions[key] = compile_function(decode, jit_compile)
+    ids, generated = functions[key](token_ids, prompt_mask, stop, sampler.noise(length, batch))
+    return unpack(ids, generated, prompt_mask, ragged)

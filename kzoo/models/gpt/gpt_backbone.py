@@ -1,0 +1,177 @@
+import keras
+
+from kzoo.layers import TokenAndPositionEmbedding
+from kzoo.layers import TransformerDecoderBlock
+from kzoo.layers._validation import check_divisible
+from kzoo.layers._validation import check_positive_int
+from kzoo.layers._validation import check_rate
+from kzoo.models.backbone import Backbone
+from kzoo.models.keras_hub_weights import copy_weights
+from kzoo.models.keras_hub_weights import keras_hub_config
+from kzoo.models.keras_hub_weights import transformer_block_pairs
+
+
+def gpt_kernel_initializer():
+    """GPT-2 initializes every weight matrix from N(0, 0.02^2)."""
+    return keras.initializers.RandomNormal(stddev=0.02)
+
+
+@keras.saving.register_keras_serializable(package="kzoo")
+class GPTBackbone(Backbone):
+    """A GPT-2 style decoder-only transformer, without the language-model head.
+
+    Token ids and learned positions are embedded and summed, then pass
+    through `num_layers` pre-LN causal self-attention blocks and a final
+    LayerNorm:
+
+        h_0 = W_e[x] + W_p
+        h_l = TransformerDecoderBlock(h_{l-1})    (causal, pre-LN, tanh-GELU)
+        output = LayerNorm(h_L)
+
+    Position t attends to positions <= t only, so its output does not depend
+    on later tokens. Padding: `padding_mask` (1 = real token) keeps padded
+    keys out of every attention; padded positions themselves get outputs
+    that carry no meaning (kzoo gives them zero attention, keras-hub attends
+    from them), so losses must weight them 0.
+
+    Inputs: `{"token_ids": (B, T) int, "padding_mask": (B, T) int}`, with
+    T <= `max_sequence_length`. Output: the hidden states `(B, T, hidden_dim)`.
+
+    Args:
+        vocabulary_size: int, number of token ids V.
+        num_layers: int, number of transformer blocks L.
+        num_heads: int, attention heads per block; must divide `hidden_dim`.
+        hidden_dim: int, model width d.
+        intermediate_dim: int, feed-forward hidden width (4d in GPT-2).
+        max_sequence_length: int, the number of learned positions.
+        dropout: float in [0, 1), on the embeddings, attention weights and
+            residual branches.
+        layer_norm_epsilon: float, epsilon of every LayerNorm.
+        dtype: None or a dtype policy for every layer (e.g. "mixed_bfloat16").
+        **kwargs: `keras.Model` arguments (`name`, `trainable`).
+
+    Example:
+    >>> backbone = GPTBackbone(
+    ...     vocabulary_size=1000, num_layers=2, num_heads=2, hidden_dim=64,
+    ...     intermediate_dim=256, max_sequence_length=128,
+    ... )
+    >>> backbone({"token_ids": keras.ops.ones((2, 16), "int32"),
+    ...           "padding_mask": keras.ops.ones((2, 16), "int32")}).shape
+    (2, 16, 64)
+
+    References:
+        Radford et al., "Language Models are Unsupervised Multitask
+        Learners", 2019 (GPT-2).
+    """
+
+    keras_hub_class_name = "GPT2Backbone"
+
+    def __init__(
+        self,
+        vocabulary_size,
+        num_layers,
+        num_heads,
+        hidden_dim,
+        intermediate_dim,
+        max_sequence_length,
+        dropout=0.1,
+        layer_norm_epsilon=1e-5,
+        dtype=None,
+        **kwargs,
+    ):
+        check_positive_int("vocabulary_size", vocabulary_size)
+        check_positive_int("num_layers", num_layers)
+        check_positive_int("num_heads", num_heads)
+        check_positive_int("hidden_dim", hidden_dim)
+        check_positive_int("intermediate_dim", intermediate_dim)
+        check_positive_int("max_sequence_length", max_sequence_length)
+        check_rate("dropout", dropout)
+        check_divisible("hidden_dim", hidden_dim, "num_heads", num_heads)
+
+        # === Layers ===
+        self.embedding = TokenAndPositionEmbedding(
+            vocabulary_size,
+            max_sequence_length,
+            hidden_dim,
+            position="learned",
+            embeddings_initializer=gpt_kernel_initializer(),
+            dtype=dtype,
+            name="embedding",
+        )
+        self.embedding_dropout = keras.layers.Dropout(dropout, dtype=dtype, name="embedding_dropout")
+        self.transformer_blocks = [
+            TransformerDecoderBlock(
+                num_heads,
+                intermediate_dim,
+                cross_attention=False,
+                norm_first=True,
+                activation="gelu_approximate",
+                dropout=dropout,
+                layer_norm_epsilon=layer_norm_epsilon,
+                kernel_initializer=gpt_kernel_initializer(),
+                dtype=dtype,
+                name=f"transformer_block_{i}",
+            )
+            for i in range(num_layers)
+        ]
+        self.layer_norm = keras.layers.LayerNormalization(
+            epsilon=layer_norm_epsilon, dtype=dtype, name="layer_norm"
+        )
+
+        # === Functional model ===
+        token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
+        padding_mask = keras.Input(shape=(None,), dtype="int32", name="padding_mask")
+        x = self.embedding_dropout(self.embedding(token_ids))  # (B, T, d)
+        for block in self.transformer_blocks:
+            x = block(x, padding_mask=padding_mask)
+        sequence_output = self.layer_norm(x)
+        super().__init__(
+            inputs={"token_ids": token_ids, "padding_mask": padding_mask},
+            outputs=sequence_output,
+            dtype=dtype,
+            **kwargs,
+        )
+
+        # === Config ===
+        self.vocabulary_size = vocabulary_size
+        self.num_layers = num_layers
+        self.num_heads = num_heads
+        self.hidden_dim = hidden_dim
+        self.intermediate_dim = intermediate_dim
+        self.max_sequence_length = max_sequence_length
+        self.dropout = dropout
+        self.layer_norm_epsilon = layer_norm_epsilon
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            vocabulary_size=self.vocabulary_size,
+            num_layers=self.num_layers,
+            num_heads=self.num_heads,
+            hidden_dim=self.hidden_dim,
+            intermediate_dim=self.intermediate_dim,
+            max_sequence_length=self.max_sequence_length,
+            dropout=self.dropout,
+            layer_norm_epsilon=self.layer_norm_epsilon,
+        )
+        return config
+
+    @classmethod
+    def from_keras_hub(cls, hub_backbone, **kwargs):
+        """Converts a `keras_hub.models.GPT2Backbone`, weights included;
+        `kwargs` override its config (e.g. `dropout`, `dtype`)."""
+        config = keras_hub_config(
+            hub_backbone,
+            ("vocabulary_size", "num_layers", "num_heads", "hidden_dim",
+             "intermediate_dim", "max_sequence_length", "dropout"),
+        )
+        backbone = cls(**{**config, **kwargs})
+        pairs = [
+            (backbone.embedding.token_embedding, hub_backbone.token_embedding),
+            (backbone.embedding.position_embedding, hub_backbone.position_embedding),
+            (backbone.layer_norm, hub_backbone.layer_norm),
+        ]
+        for block, hub_layer in zip(backbone.transformer_blocks, hub_backbone.transformer_layers):
+            pairs += transformer_block_pairs(block, hub_layer)
+        copy_weights(pairs)
+        return backbone

@@ -1,0 +1,146 @@
+import keras
+from keras import ops
+
+from kzoo.models import generation
+from kzoo.models.gpt.gpt_backbone import GPTBackbone
+from kzoo.models.perplexity import Perplexity
+from kzoo.models.task import Task
+from kzoo.models.tied_logits import TiedLogits
+
+
+@keras.saving.register_keras_serializable(package="kzoo")
+class GPTCausalLM(Task):
+    """A GPT language model: a `GPTBackbone` with the tied output projection.
+
+    Predicts each next token: P(w_{t+1} | w_<=t) = softmax(E h_t), where h_t
+    is the backbone's top hidden state and E the token embedding table
+    shared with the input (no separate output matrix, no bias, as in GPT-2).
+    Logits are float32 under any dtype policy.
+
+    Training: feed `x = {"token_ids": ids[:, :-1], "padding_mask": ...}`,
+    `y = ids[:, 1:]` and the padding mask of `y` as `sample_weight`.
+    `compile()` defaults add `Perplexity` to the accuracy.
+
+    Incremental decoding: `empty_cache(batch_size, max_length)` gives a
+    zero key/value cache, `call_with_cache(token_ids, cache, cache_index)`
+    runs the tokens at positions `[cache_index, cache_index + T)` against
+    it and returns their logits and the updated cache. A prefill of the
+    prompt followed by one-token steps gives the same logits as a full
+    forward pass.
+
+    Args:
+        backbone: a `GPTBackbone`.
+        **kwargs: `keras.Model` arguments (`name`).
+
+    Example:
+    >>> lm = GPTCausalLM.from_preset("gpt_tiny")
+    >>> ids = keras.ops.ones((1, 8), "int32")
+    >>> lm({"token_ids": ids, "padding_mask": keras.ops.ones_like(ids)}).shape
+    (1, 8, 256)
+    """
+
+    backbone_cls = GPTBackbone
+
+    def __init__(self, backbone, **kwargs):
+        if not isinstance(backbone, GPTBackbone):
+            raise ValueError(f"`backbone` must be a GPTBackbone; received {type(backbone).__name__}.")
+        # === Layers ===
+        self.backbone = backbone
+        self.lm_head = TiedLogits(backbone.embedding, dtype=backbone.dtype_policy, name="lm_head")
+
+        # === Functional model ===
+        inputs = backbone.input
+        logits = self.lm_head(backbone(inputs))  # (B, T, V) float32
+        super().__init__(inputs=inputs, outputs=logits, **kwargs)
+
+    def default_metrics(self):
+        return super().default_metrics() + [Perplexity()]
+
+    def empty_cache(self, batch_size, max_length):
+        """A zero key/value cache: one `(B, 2, num_heads, max_length, head_dim)`
+        tensor per block, in a tuple. Separate tensors (not one stacked
+        tensor) let each decode step update them in place."""
+        return tuple(block.empty_cache(batch_size, max_length) for block in self.backbone.transformer_blocks)
+
+    def call_with_cache(self, token_ids, cache, cache_index):
+        """Runs `token_ids` `(B, T)` at positions `[cache_index, cache_index + T)`.
+
+        Each block writes the keys/values of the new tokens into its cache
+        and attends over it, where slots after the current position are
+        masked causally. Runs in inference mode (no dropout).
+
+        Args:
+            token_ids: int tensor `(B, T)`, T >= 1 (the prompt, then one token
+                per step).
+            cache: the tuple from `empty_cache` or a previous call.
+            cache_index: int or scalar int tensor, the position of `token_ids[:, 0]`.
+
+        Returns:
+            `(logits, hidden_states, cache)`: float32 logits `(B, T, V)`, the
+            final hidden states `(B, T, d)` and the updated cache.
+        """
+        backbone = self.backbone
+        x = backbone.embedding(token_ids, start_index=cache_index)  # (B, T, d)
+        new_cache = []
+        for block, layer_cache in zip(backbone.transformer_blocks, cache):
+            x, layer_cache = block(x, self_attention_cache=layer_cache, self_attention_cache_index=cache_index)
+            new_cache.append(layer_cache)
+        hidden_states = backbone.layer_norm(x)
+        return self.lm_head(hidden_states), hidden_states, tuple(new_cache)
+
+    def generate(
+        self,
+        prompts,
+        max_length=None,
+        max_new_tokens=None,
+        sampler="greedy",
+        stop_token_ids=None,
+        jit_compile=True,
+    ):
+        """Continues each prompt, one token at a time, with the KV cache.
+
+        The prompts are prefilled together, then one compiled loop decodes
+        every position up to `max_length`; rows with shorter prompts keep
+        their own prompt tokens until theirs end, so a batch of ragged
+        prompts gives each row the tokens it would get alone. Each step
+        costs the same at every position (attention spans the fixed-size
+        cache). The compiled loop is kept per (batch size, length) and
+        reused by later calls.
+
+        Args:
+            prompts: a list of token-id lists (ragged), a 2-D int array, or a
+                dict `{"token_ids", "padding_mask"}` of right-padded prompts.
+            max_length: total length of prompt + continuation; defaults to
+                the backbone's `max_sequence_length`.
+            max_new_tokens: alternatively, the number of tokens to add after
+                the longest prompt.
+            sampler: "greedy", "random", "top_k", "top_p", "beam" or a
+                `kzoo.samplers.Sampler` (e.g. `TopKSampler(k=10, seed=0)`).
+            stop_token_ids: ids that end a row (e.g. the end-of-text id);
+                later slots of that row stay padding.
+            jit_compile: bool, compile the loop with XLA (TensorFlow).
+
+        Returns:
+            For a list: a list of id lists (prompt + continuation, up to and
+            including a stop token). Otherwise a dict with "token_ids"
+            `(B, max_length)` and "padding_mask" (prompt or generated).
+
+        Example:
+        >>> lm = GPTCausalLM.from_preset("gpt_tiny")
+        >>> lm.generate([[72, 105], [84]], max_new_tokens=5)  # two continuations
+        """
+
+        def start(prompt_ids, length):
+            cache = self.empty_cache(ops.shape(prompt_ids)[0], length)
+            logits, _, cache = self.call_with_cache(prompt_ids, cache, 0)
+
+            def step(token, cache, index):
+                logits, _, cache = self.call_with_cache(token, cache, index)
+                return logits[:, -1], cache
+
+            return logits[:, -1], cache, step
+
+        return generation.generate(
+            self, start, prompts, max_length, max_new_tokens, sampler, stop_token_ids, jit_compile,
+            limit=self.backbone.max_sequence_length,
+        )

@@ -1,0 +1,140 @@
+import keras
+
+from kzoo.models import presets
+
+
+def warmup_then_decay(learning_rate, warmup_steps=0, decay_steps=None):
+    """The learning rate: linear warmup from 0, then cosine decay to 0.
+
+    Keras' `CosineDecay` with `warmup_target` is exactly this schedule (and
+    serializes), so kzoo has no schedule class of its own. Without
+    `decay_steps` the rate stays at `learning_rate` after the warmup
+    (`alpha=1.0` makes the cosine term vanish).
+
+    Args:
+        learning_rate: float, the peak rate, reached after `warmup_steps`.
+        warmup_steps: int >= 0.
+        decay_steps: int > 0, the steps after the warmup over which the rate
+            falls to 0; None to keep it constant.
+    """
+    if warmup_steps == 0 and decay_steps is None:
+        return learning_rate
+    return keras.optimizers.schedules.CosineDecay(
+        initial_learning_rate=0.0,
+        decay_steps=decay_steps or 1,
+        alpha=0.0 if decay_steps else 1.0,
+        warmup_target=learning_rate,
+        warmup_steps=warmup_steps,
+    )
+
+
+@keras.saving.register_keras_serializable(package="kzoo")
+class Task(keras.Model):
+    """Base class of kzoo task models: a backbone plus a head, with training defaults.
+
+    A task is a functional `keras.Model` built in its subclass's `__init__`
+    from `backbone` (a `kzoo.models.Backbone`) and a head whose output is
+    float32 logits, also under a mixed precision policy. `compile()` with no
+    arguments sets what training the task usually needs: AdamW with a linear
+    warmup and cosine decay, cross-entropy from logits and accuracy (plus
+    perplexity for language models).
+
+    Padding: the loss and the default metrics are weighted, so padded or
+    unlabelled positions are excluded by giving them sample weight 0, i.e.
+    `model.fit(x, y, sample_weight=padding_mask)` or a dataset of
+    `(x, y, sample_weight)`.
+
+    Subclasses set `backbone_cls` (the backbone class their presets build),
+    may override `default_learning_rate` and `default_metrics`, and extend
+    `get_config` with their own constructor arguments.
+
+    Example:
+    >>> model = kzoo.models.BertClassifier.from_preset("bert_tiny", num_classes=2)
+    >>> model.compile(learning_rate=1e-4, warmup_steps=100, decay_steps=1000)
+    """
+
+    backbone_cls = None
+    default_learning_rate = 5e-4
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Functional models take no `dtype`: a task takes its backbone's
+        # policy, which also tells `compile` to scale the loss under
+        # "mixed_float16" when only the backbone was given that dtype.
+        backbone = getattr(self, "backbone", None)
+        if backbone is not None:
+            self.dtype_policy = backbone.dtype_policy
+
+    @classmethod
+    def from_preset(cls, preset, **kwargs):
+        """Builds the task on `backbone_cls.from_preset(preset)`; `kwargs` go
+        to the task's constructor (e.g. `num_classes`)."""
+        return presets.from_preset(cls, preset, **kwargs)
+
+    def default_metrics(self):
+        """Metrics `compile()` uses when none are given (weighted by sample weights)."""
+        return [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
+
+    def compile(
+        self,
+        optimizer="auto",
+        loss="auto",
+        *,
+        weighted_metrics="auto",
+        learning_rate=None,
+        warmup_steps=0,
+        decay_steps=None,
+        weight_decay=0.01,
+        **kwargs,
+    ):
+        """Configures training; any argument given replaces its default.
+
+        Args:
+            optimizer: "auto" for AdamW on `warmup_then_decay(learning_rate,
+                warmup_steps, decay_steps)` with `weight_decay`, global gradient
+                norm clipping at 1.0, and no decay of biases and LayerNorm
+                parameters; or any `keras.Model.compile` optimizer.
+            loss: "auto" for `SparseCategoricalCrossentropy(from_logits=True)`
+                averaged over the positions with non-zero sample weight.
+            weighted_metrics: "auto" for `default_metrics()`.
+            learning_rate: float, the peak rate; defaults to
+                `default_learning_rate`.
+            warmup_steps: int, steps of linear warmup from 0.
+            decay_steps: int or None, steps of cosine decay after the warmup;
+                None keeps the rate constant.
+            weight_decay: float, AdamW's decoupled weight decay.
+            **kwargs: other `keras.Model.compile` arguments.
+        """
+        if optimizer == "auto":
+            optimizer = keras.optimizers.AdamW(
+                learning_rate=warmup_then_decay(
+                    self.default_learning_rate if learning_rate is None else learning_rate,
+                    warmup_steps,
+                    decay_steps,
+                ),
+                weight_decay=weight_decay,
+                global_clipnorm=1.0,
+            )
+            # Decay pulls weights towards 0, which is wrong for a scale
+            # (gamma) and pointless for shifts (beta, biases).
+            optimizer.exclude_from_weight_decay(var_names=["bias", "gamma", "beta"])
+        if loss == "auto":
+            # The mean over weighted tokens: padding neither counts nor dilutes.
+            loss = keras.losses.SparseCategoricalCrossentropy(
+                from_logits=True, reduction="mean_with_sample_weight"
+            )
+        if weighted_metrics == "auto":
+            weighted_metrics = self.default_metrics()
+        super().compile(optimizer=optimizer, loss=loss, weighted_metrics=weighted_metrics, **kwargs)
+
+    def get_config(self):
+        # Not chained to keras.Model: a task is rebuilt from its constructor
+        # arguments, the backbone first.
+        return {"backbone": keras.layers.serialize(self.backbone), "name": self.name}
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        if isinstance(config.get("backbone"), dict):
+            config["backbone"] = keras.layers.deserialize(config["backbone"])
+        return cls(**config)

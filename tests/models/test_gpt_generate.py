@@ -1,0 +1,108 @@
+"""`GPTCausalLM.generate`: the cache, the samplers, ragged batches, compilation."""
+
+import numpy as np
+import pytest
+
+from kzoo import models
+from kzoo import samplers
+from kzoo.models import generation
+from tests.models.tiny_models import gpt_backbone
+
+
+@pytest.fixture(scope="module")
+def lm():
+    # Larger logits than the default init make argmax ties impossible.
+    import keras
+
+    keras.utils.set_random_seed(5)
+    model = models.GPTCausalLM(gpt_backbone(max_sequence_length=16))
+    model.set_weights([w * 3 for w in model.get_weights()])
+    return model
+
+
+def naive_greedy(lm, prompt, length):
+    """The reference without a cache: the whole prefix through the model each step."""
+    ids = list(prompt)
+    while len(ids) < length:
+        x = np.array([ids], "int32")
+        logits = np.asarray(lm({"token_ids": x, "padding_mask": np.ones_like(x)}))
+        ids.append(int(logits[0, -1].argmax()))
+    return ids
+
+
+def test_cached_greedy_equals_recomputing_the_whole_prefix(lm):
+    for prompt in ([5], [7, 3, 9], [1, 2, 3, 4, 5, 6, 7]):
+        assert lm.generate([prompt], max_length=14) == [naive_greedy(lm, prompt, 14)]
+
+
+def test_ragged_prompts_in_one_batch_equal_each_row_alone(lm):
+    prompts = [[5], [7, 3, 9], [1, 2, 3, 4, 5, 6, 7], [9, 9]]
+    together = lm.generate(prompts, max_length=16)
+    alone = [lm.generate([p], max_length=16)[0] for p in prompts]
+    assert together == alone
+    beams = lm.generate(prompts, max_length=12, sampler=samplers.BeamSampler(num_beams=3))
+    assert beams == [lm.generate([p], max_length=12, sampler=samplers.BeamSampler(num_beams=3))[0] for p in prompts]
+
+
+def test_top_k_one_and_beam_width_one_equal_greedy(lm):
+    prompts = [[5, 6], [7, 3, 9]]
+    greedy = lm.generate(prompts, max_new_tokens=8)
+    assert lm.generate(prompts, max_new_tokens=8, sampler=samplers.TopKSampler(k=1, seed=4)) == greedy
+    assert lm.generate(prompts, max_new_tokens=8, sampler=samplers.BeamSampler(num_beams=1)) == greedy
+
+
+def test_beam_search_scores_at_least_as_high_as_greedy(lm):
+    def log_prob(ids, prompt_length):
+        x = np.array([ids], "int32")
+        logits = np.asarray(lm({"token_ids": x, "padding_mask": np.ones_like(x)}), "float64")[0]
+        shifted = logits - logits.max(-1, keepdims=True)
+        log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+        return sum(log_probs[t - 1, ids[t]] for t in range(prompt_length, len(ids)))
+
+    prompt = [3, 1]
+    greedy = lm.generate([prompt], max_length=10)[0]
+    beam = lm.generate([prompt], max_length=10, sampler=samplers.BeamSampler(num_beams=4, length_penalty=0.0))[0]
+    assert log_prob(beam, 2) >= log_prob(greedy, 2) - 1e-5
+
+
+def test_stop_token_ends_each_row(lm):
+    prompts = [[5], [7, 3, 9]]
+    free = lm.generate(prompts, max_length=16)
+    stop = free[0][3]  # the third generated token of row 0
+    stopped = lm.generate(prompts, max_length=16, stop_token_ids=[stop])
+    assert stopped[0] == free[0][: free[0].index(stop, 1) + 1]
+    assert stopped[0][-1] == stop
+
+
+def test_seeded_sampling_is_reproducible_and_dict_inputs_are_padded(lm):
+    prompts = {"token_ids": np.array([[5, 6, 0], [7, 3, 9]]), "padding_mask": np.array([[1, 1, 0], [1, 1, 1]])}
+    a = lm.generate(prompts, max_length=12, sampler=samplers.TopPSampler(p=0.9, seed=11))
+    b = lm.generate(prompts, max_length=12, sampler=samplers.TopPSampler(p=0.9, seed=11))
+    np.testing.assert_array_equal(a["token_ids"], b["token_ids"])
+    assert a["token_ids"].shape == (2, 12) and a["padding_mask"].all()
+    np.testing.assert_array_equal(a["token_ids"][:, :2], [[5, 6], [7, 3]])
+
+
+def test_the_decode_loop_is_traced_once_per_shape(lm):
+    lm.generate([[1, 2], [3, 4]], max_length=9, sampler="top_k")
+    lm.generate([[4, 2], [1, 4]], max_length=9, sampler=samplers.TopKSampler(seed=2))
+    lm.generate([[4, 2, 7], [1, 4, 2]], max_length=9, sampler="top_k")  # same prefill bucket (2)
+    compiled = [f for key, f in generation._COMPILED[lm].items() if key[:2] == (2, 9) and key[3][0] == "TopKSampler"]
+    assert len(compiled) == 1 and compiled[0].experimental_get_tracing_count() == 1
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(prompts=[[]]), r"prompt 0 of `prompts` is empty"),
+        (dict(prompts=[]), r"`prompts` is empty"),
+        (dict(prompts=[list(range(1, 17))]), r"`max_length` \(16\) must be > 16"),
+        (dict(prompts=[[1]], max_length=17), r"`max_length` \(17\) must be <= the model's maximum sequence length \(16\)"),
+        (dict(prompts=[[1]], max_new_tokens=16), r"`max_length` \(17\) must be <= "),
+        (dict(prompts=[[1]], sampler="nucleus"), r"`sampler` must be one of"),
+        (dict(prompts=[[1]], sampler="top_p", max_length=4, max_new_tokens=2), r"not both"),
+    ],
+)
+def test_bad_generate_arguments(lm, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        lm.generate(**kwargs)

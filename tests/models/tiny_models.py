@@ -1,0 +1,72 @@
+"""Tiny model configurations and batches shared by the model tests."""
+
+import numpy as np
+
+from kzoo import models
+
+VOCABULARY_SIZE = 40
+MASK_ID = VOCABULARY_SIZE - 1  # BERT's [MASK]; 0 is padding.
+BATCH = 4
+LENGTH = 10
+NUM_CLASSES = 3
+TASKS = ("GPTCausalLM", "BertMaskedLM", "BertClassifier", "BertTokenClassifier")
+
+TINY_CONFIG = dict(
+    vocabulary_size=VOCABULARY_SIZE,
+    num_layers=2,
+    num_heads=2,
+    hidden_dim=16,
+    intermediate_dim=32,
+    max_sequence_length=16,
+    dropout=0.0,
+)
+
+
+def gpt_backbone(**overrides):
+    return models.GPTBackbone(**{**TINY_CONFIG, **overrides})
+
+
+def bert_backbone(**overrides):
+    return models.BertBackbone(**{**TINY_CONFIG, **overrides})
+
+
+def padding_mask(lengths, length=LENGTH):
+    """`(len(lengths), length)` int mask, 1 for the first `lengths[i]` positions."""
+    return (np.arange(length)[None, :] < np.asarray(lengths)[:, None]).astype("int32")
+
+
+def token_ids(rng, batch=BATCH, length=LENGTH):
+    """Random ids in [1, MASK_ID): never padding, never [MASK]."""
+    return rng.integers(1, MASK_ID, (batch, length)).astype("int32")
+
+
+def bert_inputs(ids, mask):
+    return {"token_ids": ids * mask, "segment_ids": np.zeros_like(ids), "padding_mask": mask}
+
+
+def task_batch(name, seed=0, **backbone_overrides):
+    """A tiny task model and one padded training batch: `(model, x, y, sample_weight)`."""
+    rng = np.random.default_rng(seed)
+    mask = padding_mask([LENGTH, LENGTH, 7, 5])
+    if name == "GPTCausalLM":
+        ids = token_ids(rng, length=LENGTH + 1)
+        model = models.GPTCausalLM(gpt_backbone(**backbone_overrides))
+        x = {"token_ids": ids[:, :-1] * mask, "padding_mask": mask}
+        return model, x, ids[:, 1:] * mask, mask
+    ids = token_ids(rng) * mask
+    backbone = bert_backbone(**backbone_overrides)
+    if name == "BertMaskedLM":
+        positions = np.array([[1, 4, 6], [0, 2, 9], [3, 5, 0], [1, 2, 0]], "int32")
+        weights = np.array([[1, 1, 1], [1, 1, 1], [1, 1, 0], [1, 1, 0]], "int32")
+        masked = ids.copy()
+        np.put_along_axis(masked, positions, MASK_ID, axis=1)
+        x = {**bert_inputs(masked, mask), "mask_positions": positions}
+        return models.BertMaskedLM(backbone), x, np.take_along_axis(ids, positions, axis=1), weights
+    if name == "BertClassifier":
+        model = models.BertClassifier(backbone, num_classes=NUM_CLASSES, dropout=0.0)
+        return model, bert_inputs(ids, mask), np.array([0, 1, 2, 1], "int32"), None
+    if name == "BertTokenClassifier":
+        model = models.BertTokenClassifier(backbone, num_classes=NUM_CLASSES, dropout=0.0)
+        labels = rng.integers(0, NUM_CLASSES, ids.shape).astype("int32")
+        return model, bert_inputs(ids, mask), labels * mask, mask
+    raise ValueError(name)
