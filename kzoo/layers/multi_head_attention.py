@@ -28,9 +28,11 @@ class MultiHeadAttention(keras.layers.Layer):
     `key_mask` `(B, T)`. Padded query rows attend to nothing; the output keeps
     the query's mask.
 
-    KV cache: pass `cache` of shape `(B, 2, num_key_value_heads, S, key_dim)`
-    (keys then values, head-major so decoding never transposes it;
-    `empty_cache` makes one). With `cache_index`, the keys/values of the new
+    KV cache: pass `cache`, a pair `(keys, values)` of shapes
+    `(B, num_key_value_heads, S, key_dim)` and `(..., value_dim)` (head-major,
+    so decoding never transposes it; `empty_cache` makes one). Keys and
+    values are separate tensors so that each decode step updates them in
+    place (XLA copies a stacked cache on every update). With `cache_index`, the keys/values of the new
     tokens are written at `[cache_index, cache_index + T_q)` and the queries
     attend over the whole cache; with `use_causal_mask=True` query `i` sits at
     position `cache_index + i`, so slots not written yet are never seen. Without
@@ -134,50 +136,54 @@ class MultiHeadAttention(keras.layers.Layer):
         self.built = True
 
     def empty_cache(self, batch_size, max_length, dtype=None):
-        """A zero KV cache `(batch_size, 2, num_key_value_heads, max_length, key_dim)`."""
-        self._check_cache_dims()
-        shape = (batch_size, 2, self.num_key_value_heads, max_length, self.key_dim)
-        return ops.zeros(shape, dtype=dtype or self.compute_dtype)
+        """A zero KV cache: `(keys, values)`, each `(batch_size, num_key_value_heads, max_length, dim)`."""
+        dtype = dtype or self.compute_dtype
+        return (
+            ops.zeros((batch_size, self.num_key_value_heads, max_length, self.key_dim), dtype=dtype),
+            ops.zeros((batch_size, self.num_key_value_heads, max_length, self.value_dim), dtype=dtype),
+        )
+
+    def _project(self, dense, x):
+        """`(B, T, d)` -> head-major `(B, heads, T, head_dim)`; the kernels keep
+        `keras.layers.MultiHeadAttention`'s `(d, heads, head_dim)` layout."""
+        return ops.transpose(dense(x), (0, 2, 1, 3))
 
     def compute_cache(self, value, key=None):
-        """Projects `key`/`value` once into a cache for cross-attention."""
-        self._check_cache_dims()
-        key = value if key is None else key
-        keys = ops.transpose(self.key_dense(key), (0, 2, 1, 3))
-        values = ops.transpose(self.value_dense(value), (0, 2, 1, 3))
-        return ops.stack([keys, values], axis=1)
-
-    def _check_cache_dims(self):
-        if self.key_dim != self.value_dim:
-            raise ValueError(
-                "A KV cache needs `key_dim == value_dim`; received "
-                f"key_dim={self.key_dim}, value_dim={self.value_dim}."
-            )
+        """Projects `key`/`value` once into a `(keys, values)` cache for cross-attention."""
+        return self._project(self.key_dense, value if key is None else key), self._project(self.value_dense, value)
 
     def _check_cache(self, cache, query, cache_index):
-        self._check_cache_dims()
-        expected = (None, 2, self.num_key_value_heads, None, self.key_dim)
-        shape = tuple(cache.shape)
-        ok = len(shape) == 5 and all(
-            e is None or s is None or s == e for s, e in zip(shape, expected)
-        )
-        if ok and shape[0] is not None and query.shape[0] is not None:
-            ok = shape[0] == query.shape[0]
-        if not ok:
-            raise ValueError(
-                "`cache` must have shape (batch_size, 2, num_key_value_heads="
-                f"{self.num_key_value_heads}, max_length, key_dim={self.key_dim}) "
-                f"with the query's batch size {query.shape[0]}; received shape {shape}."
+        expected = [
+            (query.shape[0], self.num_key_value_heads, None, self.key_dim),
+            (query.shape[0], self.num_key_value_heads, None, self.value_dim),
+        ]
+        shapes = [tuple(part.shape) for part in cache] if isinstance(cache, (tuple, list)) else None
+        ok = (
+            shapes is not None
+            and len(shapes) == 2
+            and shapes[0][:3] == shapes[1][:3]
+            and all(
+                len(shape) == 4 and all(e is None or d is None or d == e for d, e in zip(shape, want))
+                for shape, want in zip(shapes, expected)
             )
+        )
+        if not ok:
+            received = shapes if shapes is not None else getattr(cache, "shape", type(cache).__name__)
+            raise ValueError(
+                "`cache` must be a pair (keys, values) of shapes (batch_size="
+                f"{query.shape[0]}, num_key_value_heads={self.num_key_value_heads}, max_length, "
+                f"key_dim={self.key_dim}) and (..., value_dim={self.value_dim}); received {received}."
+            )
+        max_length, length = shapes[0][2], query.shape[1]
         if (
             isinstance(cache_index, int)
-            and shape[3] is not None
-            and query.shape[1] is not None
-            and not 0 <= cache_index <= shape[3] - query.shape[1]
+            and max_length is not None
+            and length is not None
+            and not 0 <= cache_index <= max_length - length
         ):
             raise ValueError(
-                f"`cache_index` must be in [0, {shape[3] - query.shape[1]}] so that "
-                f"{query.shape[1]} new tokens fit in a cache of length {shape[3]}; "
+                f"`cache_index` must be in [0, {max_length - length}] so that "
+                f"{length} new tokens fit in a cache of length {max_length}; "
                 f"received cache_index={cache_index}."
             )
 
@@ -207,24 +213,20 @@ class MultiHeadAttention(keras.layers.Layer):
         elif key_mask is None:
             key_mask = keras_mask(key)
 
-        q = self.query_dense(query)  # (B, T_q, h, d_k)
+        q = self._project(self.query_dense, query)  # (B, h, T_q, d_k)
         if cache is None:
-            k = ops.transpose(self.key_dense(key), (0, 2, 1, 3))  # (B, h_kv, T_k, d_k)
-            v = ops.transpose(self.value_dense(value), (0, 2, 1, 3))
+            k = self._project(self.key_dense, key)  # (B, h_kv, T_k, d_k)
+            v = self._project(self.value_dense, value)
             key_padding = value_mask if key_mask is None else key_mask
             key_offset = 0
         else:
             self._check_cache(cache, query, cache_index)
+            k, v = cache  # (B, h_kv, S, d)
             if cache_index is not None:
-                new = ops.stack(
-                    [
-                        ops.transpose(self.key_dense(key), (0, 2, 1, 3)),
-                        ops.transpose(self.value_dense(value), (0, 2, 1, 3)),
-                    ],
-                    axis=1,
-                )  # (B, 2, h_kv, T_q, d_k)
-                cache = ops.slice_update(cache, (0, 0, 0, cache_index, 0), ops.cast(new, cache.dtype))
-            k, v = cache[:, 0], cache[:, 1]  # (B, h_kv, S, d_k)
+                start = (0, 0, cache_index, 0)
+                k = ops.slice_update(k, start, ops.cast(self._project(self.key_dense, key), k.dtype))
+                v = ops.slice_update(v, start, ops.cast(self._project(self.value_dense, value), v.dtype))
+                cache = (k, v)
             key_padding = None
             key_offset = 0 if cache_index is None else cache_index
 
@@ -233,7 +235,7 @@ class MultiHeadAttention(keras.layers.Layer):
             key_mask=key_padding,
             attention_mask=attention_mask,
             causal=(
-                causal_mask(ops.shape(q)[1], ops.shape(k)[2], key_offset)
+                causal_mask(ops.shape(q)[2], ops.shape(k)[2], key_offset)
                 if use_causal_mask
                 else None
             ),
@@ -249,26 +251,36 @@ class MultiHeadAttention(keras.layers.Layer):
         return results[0] if len(results) == 1 else results
 
     def _attend(self, q, k, v, mask, training):
-        """Grouped attention: q `(B, T_q, h, d_k)`, k/v `(B, h_kv, T_k, d)`."""
-        batch, length = ops.shape(q)[0], ops.shape(q)[1]
+        """Grouped attention: q `(B, h, T_q, d_k)`, k/v `(B, h_kv, T_k, d)`.
+
+        The `g = h / h_kv` query heads of a group are stacked along the query
+        axis, `(B, h_kv, g * T_q, d_k)`, so one plain batched matmul per
+        key/value head serves the whole group (a free reshape, no copy).
+        """
+        batch, length = ops.shape(q)[0], ops.shape(q)[2]
         groups = self.num_heads // self.num_key_value_heads
-        q = ops.reshape(q, (batch, length, self.num_key_value_heads, groups, self.key_dim))
-        q = ops.transpose(q, (0, 2, 3, 1, 4))  # (B, h_kv, g, T_q, d_k)
+        key_length = ops.shape(k)[2]
+        q = ops.reshape(q, (batch, self.num_key_value_heads, groups * length, self.key_dim))
         if mask is not None:
-            mask = mask[:, None, None]  # (B, 1, 1, T_q, T_k)
+            mask = mask[:, None]  # (B, 1, T_q, T_k)
+            if groups > 1:
+                mask = ops.reshape(
+                    ops.broadcast_to(mask[:, :, None], (ops.shape(mask)[0], 1, groups, length, key_length)),
+                    (ops.shape(mask)[0], 1, groups * length, key_length),
+                )
         output, scores = scaled_dot_product_attention(
             q,
-            k[:, :, None],
-            v[:, :, None],
+            k,
+            v,
             mask=mask,
             dropout_rate=self.dropout,
             training=training,
             return_scores=True,
             seed=self.seed_generator,
-        )  # (B, h_kv, g, T_q, d_v), (B, h_kv, g, T_q, T_k)
-        output = ops.transpose(output, (0, 3, 1, 2, 4))
-        output = ops.reshape(output, (batch, length, self.num_heads, self.value_dim))
-        scores = ops.reshape(scores, (batch, self.num_heads, length, ops.shape(k)[2]))
+        )  # (B, h_kv, g * T_q, d_v), (B, h_kv, g * T_q, T_k)
+        output = ops.reshape(output, (batch, self.num_heads, length, self.value_dim))
+        output = ops.transpose(output, (0, 2, 1, 3))  # (B, T_q, h, d_v)
+        scores = ops.reshape(scores, (batch, self.num_heads, length, key_length))
         return output, scores
 
     def compute_mask(self, query, previous_mask=None):
@@ -292,7 +304,7 @@ class MultiHeadAttention(keras.layers.Layer):
         results = (output,)
         if return_attention_scores:
             if cache is not None:
-                key_length = cache.shape[3]
+                key_length = cache[0].shape[2]
             else:
                 key_length = (key if key is not None else value if value is not None else query).shape[1]
             results += (
@@ -302,7 +314,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 ),
             )
         if cache is not None:
-            results += (keras.KerasTensor(cache.shape, dtype=cache.dtype),)
+            results += (tuple(keras.KerasTensor(part.shape, dtype=part.dtype) for part in cache),)
         return results[0] if len(results) == 1 else results
 
     def get_config(self):

@@ -65,11 +65,12 @@ def scaled_dot_product_attention(
     scores = ops.cast(scores, "float32") * scale
     if mask is not None:
         mask = ops.cast(mask, "bool")
+        # exp(-1e9 - max) is exactly 0 in float32: masked keys get zero weight.
         scores = ops.where(mask, scores, _MASKED_SCORE)
     weights = ops.softmax(scores, axis=-1)
     if mask is not None:
-        # Exact zeros, also for rows where every key is masked.
-        weights = ops.where(mask, weights, 0.0)
+        # A row with no key to attend to would be uniform; make it zero.
+        weights = weights * ops.cast(ops.any(mask, axis=-1, keepdims=True), weights.dtype)
     weights = ops.cast(weights, dtype)
     attended = weights
     if training and dropout_rate > 0.0:

@@ -20,8 +20,8 @@ class TransformerDecoderBlock(TransformerBlockBase):
     the decoder tokens, `encoder_padding_mask` / `encoder_attention_mask` (or
     the encoder sequence's Keras mask) for the encoder tokens.
 
-    Incremental decoding: pass `self_attention_cache`
-    `(B, 2, heads, max_length, head_dim)` (from `empty_cache`) and
+    Incremental decoding: pass `self_attention_cache`, a `(keys, values)`
+    pair of `(B, heads, max_length, head_dim)` tensors (from `empty_cache`), and
     `self_attention_cache_index`, the position of the first token of `x`; the
     call returns `(y, self_attention_cache)` and, with cross-attention, also
     the `cross_attention_cache` (computed from `encoder_sequence` on the first
@@ -164,21 +164,17 @@ class TransformerDecoderBlock(TransformerBlockBase):
         output = keras.KerasTensor(x.shape, dtype=self.compute_dtype)
         if self_attention_cache is None:
             return output
-        self_cache = keras.KerasTensor(self_attention_cache.shape, dtype=self_attention_cache.dtype)
+
+        def spec(cache):
+            return tuple(keras.KerasTensor(part.shape, dtype=part.dtype) for part in cache)
+
         if not self.cross_attention:
-            return output, self_cache
+            return output, spec(self_attention_cache)
         if cross_attention_cache is None:
-            head_dim = x.shape[-1] // self.num_heads
-            cross_shape = (
-                x.shape[0],
-                2,
-                self.num_key_value_heads or self.num_heads,
-                encoder_sequence.shape[1],
-                head_dim,
-            )
-        else:
-            cross_shape = cross_attention_cache.shape
-        return output, self_cache, keras.KerasTensor(cross_shape, dtype=self.compute_dtype)
+            heads = self.num_key_value_heads or self.num_heads
+            shape = (x.shape[0], heads, encoder_sequence.shape[1], x.shape[-1] // self.num_heads)
+            cross_attention_cache = (keras.KerasTensor(shape, dtype=self.compute_dtype),) * 2
+        return output, spec(self_attention_cache), spec(cross_attention_cache)
 
     def get_config(self):
         config = super().get_config()

@@ -150,21 +150,34 @@ def test_bad_configuration_names_the_argument(kwargs, match):
 def test_bad_cache_shape_and_index_raise():
     layer = MultiHeadAttention(num_heads=4, key_dim=4, num_key_value_heads=2)
     x = random(2, 1, 16)
-    with pytest.raises(ValueError, match=r"`cache` must have shape"):
-        layer(x, cache=ops.zeros((2, 2, 4, 8, 4)), cache_index=0)  # 4 heads, expected 2
-    with pytest.raises(ValueError, match=r"`cache` must have shape"):
-        layer(x, cache=ops.zeros((3, 2, 2, 8, 4)), cache_index=0)  # batch 3 for a batch of 2
+    with pytest.raises(ValueError, match=r"`cache` must be a pair \(keys, values\)"):
+        layer(x, cache=(ops.zeros((2, 4, 8, 4)),) * 2, cache_index=0)  # 4 heads, expected 2
+    with pytest.raises(ValueError, match=r"`cache` must be a pair \(keys, values\)"):
+        layer(x, cache=(ops.zeros((3, 2, 8, 4)),) * 2, cache_index=0)  # batch 3 for a batch of 2
+    with pytest.raises(ValueError, match=r"`cache` must be a pair \(keys, values\)"):
+        layer(x, cache=ops.zeros((2, 2, 2, 8, 4)), cache_index=0)  # a stacked tensor
     with pytest.raises(ValueError, match=r"cache_index.*\[0, 7\]"):
         layer(x, cache=layer.empty_cache(2, 8), cache_index=8)
-    with pytest.raises(ValueError, match=r"key_dim == value_dim"):
-        MultiHeadAttention(num_heads=2, key_dim=4, value_dim=8).empty_cache(1, 4)
+
+
+def test_cache_with_different_key_and_value_sizes():
+    layer = MultiHeadAttention(num_heads=2, key_dim=4, value_dim=6)
+    x = random(1, 5, 8, seed=13)
+    full = ops.convert_to_numpy(layer(x, use_causal_mask=True))
+    cache = layer.empty_cache(1, 5)
+    assert [tuple(c.shape) for c in cache] == [(1, 2, 5, 4), (1, 2, 5, 6)]
+    steps = []
+    for t in range(5):
+        out, cache = layer(x[:, t : t + 1], use_causal_mask=True, cache=cache, cache_index=t)
+        steps.append(ops.convert_to_numpy(out))
+    np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=1e-5)
 
 
 def test_functional_api_output_specs():
     query = keras.Input((None, 16))
-    cache = keras.Input((2, 2, 10, 8), batch_size=None)
+    cache = (keras.Input((2, 10, 8)), keras.Input((2, 10, 8)))
     layer = MultiHeadAttention(num_heads=2, key_dim=8)
     out, scores = layer(query, return_attention_scores=True)
     assert out.shape == (None, None, 16) and scores.shape == (None, 2, None, None)
     out, new_cache = layer(query, cache=cache, cache_index=0)
-    assert tuple(new_cache.shape) == (None, 2, 2, 10, 8)
+    assert [tuple(c.shape) for c in new_cache] == [(None, 2, 10, 8)] * 2

@@ -236,8 +236,8 @@ def test_cached_decoding_matches_teacher_forcing(tie_embeddings):
         logits, _, self_cache, cross_cache = step(target[:, t : t + 1], self_cache, tf.constant(t), cross_cache)
         steps.append(ops.convert_to_numpy(logits))
     np.testing.assert_allclose(np.concatenate(steps, axis=1), reference, atol=1e-5)
-    # Per decoder block (B, 2, h, S, d/h): the encoder's keys and values.
-    assert [tuple(cache.shape) for cache in cross_cache] == [(batch, 2, 2, source.shape[1], 8)] * 2
+    # Per decoder block, keys and values (B, h, S, d/h) of the encoder output.
+    assert [tuple(part.shape) for cache in cross_cache for part in cache] == [(batch, 2, source.shape[1], 8)] * 4
 
 
 # --- Training ---

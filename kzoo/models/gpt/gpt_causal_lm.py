@@ -57,9 +57,9 @@ class GPTCausalLM(Task):
         return super().default_metrics() + [Perplexity()]
 
     def empty_cache(self, batch_size, max_length):
-        """A zero key/value cache: one `(B, 2, num_heads, max_length, head_dim)`
-        tensor per block, in a tuple. Separate tensors (not one stacked
-        tensor) let each decode step update them in place."""
+        """A zero key/value cache: per block a `(keys, values)` pair of
+        `(B, num_heads, max_length, head_dim)` tensors. Separate tensors (not
+        one stacked tensor) let each decode step update them in place."""
         return tuple(block.empty_cache(batch_size, max_length) for block in self.backbone.transformer_blocks)
 
     def call_with_cache(self, token_ids, cache, cache_index):

@@ -69,9 +69,9 @@ class Seq2SeqTransformer(Task):
         return self.backbone.encode(encoder_token_ids)
 
     def empty_cache(self, batch_size, max_length):
-        """A zero self-attention cache for `max_length` target positions: one
-        `(B, 2, h, max_length, d/h)` key/value tensor per decoder block, in a
-        tuple (as `GPTCausalLM.empty_cache`: separate tensors let each step
+        """A zero self-attention cache for `max_length` target positions: per
+        decoder block a `(keys, values)` pair of `(B, h, max_length, d/h)`
+        tensors (as `GPTCausalLM.empty_cache`: separate tensors let each step
         update them in place)."""
         return tuple(block.empty_cache(batch_size, max_length) for block in self.backbone.decoder_blocks)
 

@@ -1,0 +1,71 @@
+"""What every kzoo benchmark shares: quiet-machine waits, timing, and the record.
+
+The host's speed drifts by up to +-30% between minutes (../shared/peer-baseline.md),
+so benchmarks interleave kzoo and keras-hub in one process and report ratios.
+"""
+
+import json
+import os
+import platform
+import statistics
+import time
+
+
+def cpu_busy_fraction_of_others(seconds=0.5):
+    """The share of CPU time used by other processes over a short window."""
+
+    def sample():
+        with open("/proc/stat") as f:
+            total = [int(v) for v in f.readline().split()[1:]]
+        with open(f"/proc/{os.getpid()}/stat") as f:
+            own = [int(v) for v in f.read().rsplit(")", 1)[1].split()[11:13]]
+        return sum(total[:3]) + sum(total[5:8]), sum(total), sum(own)
+
+    busy0, total0, own0 = sample()
+    time.sleep(seconds)
+    busy1, total1, own1 = sample()
+    return max(0.0, ((busy1 - busy0) - (own1 - own0)) / max(1, total1 - total0))
+
+
+def wait_for_quiet(limit_seconds=45, threshold=0.1):
+    """Waits (up to a limit) until other processes use less than `threshold`."""
+    start = time.time()
+    while time.time() - start < limit_seconds:
+        if cpu_busy_fraction_of_others() < threshold:
+            return True
+    return False
+
+
+def median_time(fn, repeats):
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def environment():
+    import keras
+    import keras_hub
+    import tensorflow as tf
+
+    return {
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "tensorflow": tf.__version__,
+        "keras": keras.__version__,
+        "keras_hub": keras_hub.__version__,
+        "TF_ENABLE_ONEDNN_OPTS": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "(default)"),
+    }
+
+
+def report(name, results, path=None):
+    """Prints the results as JSON and writes them to `path` if given."""
+    record = {"benchmark": name, "environment": environment(), **results}
+    text = json.dumps(record, indent=2)
+    print(text)
+    if path:
+        with open(path, "w") as f:
+            f.write(text + "\n")
+    return record
