@@ -115,17 +115,18 @@ def resolve(sampler, stop_token_ids):
     return sampler, stop
 
 
-def generate(model, start, prompts, max_length, max_new_tokens, sampler, stop_token_ids, jit_compile, limit):
+def generate(model, start, prompts, max_length, max_new_tokens, sampler, stop_token_ids, jit_compile, limit, inputs=()):
     """Packs `prompts`, runs the compiled decode loop and unpacks the result.
 
     Args:
         model: the model; its compiled functions are cached on it.
-        start: `start(prompt_ids (B, P), length) -> (logits (B, V), cache,
-            step)`, run inside the compiled function: the prefill of the
-            first P prompt tokens into a cache of `length` positions, and the
-            one-token step `step(token (B, 1), cache, index) -> (logits,
+        start: `start(prompt_ids (B, P), length, *inputs) -> (logits (B, V),
+            cache, step)`, run inside the compiled function: the prefill of
+            the first P prompt tokens into a cache of `length` positions, and
+            the one-token step `step(token (B, 1), cache, index) -> (logits,
             cache)` the loop calls.
         limit: the model's maximum sequence length.
+        inputs: more tensors for `start` (a seq2seq model's source ids).
         Others: as in `GPTCausalLM.generate`.
     """
     sampler, stop = resolve(sampler, stop_token_ids)
@@ -136,10 +137,10 @@ def generate(model, start, prompts, max_length, max_new_tokens, sampler, stop_to
     key = (batch, length, prefill, sampler_key(sampler), jit_compile)
     if key not in functions:
 
-        def decode(token_ids, prompt_mask, stop_token_ids, noise):
-            logits, cache, step = start(token_ids[:, :prefill], length)
+        def decode(token_ids, prompt_mask, stop_token_ids, noise, *inputs):
+            logits, cache, step = start(token_ids[:, :prefill], length, *inputs)
             return sampler.run(step, token_ids, prompt_mask, logits, cache, prefill, stop_token_ids, noise)
 
         functions[key] = compile_function(decode, jit_compile)
-    ids, generated = functions[key](token_ids, prompt_mask, stop, sampler.noise(length, batch))
+    ids, generated = functions[key](token_ids, prompt_mask, stop, sampler.noise(length, batch), *inputs)
     return unpack(ids, generated, prompt_mask, ragged)

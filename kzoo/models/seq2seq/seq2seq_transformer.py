@@ -1,5 +1,8 @@
 import keras
+import numpy as np
+from keras import ops
 
+from kzoo.models import generation
 from kzoo.models.perplexity import Perplexity
 from kzoo.models.seq2seq.seq2seq_backbone import Seq2SeqBackbone
 from kzoo.models.task import Task
@@ -118,3 +121,91 @@ class Seq2SeqTransformer(Task):
             cross_attention_cache=cross_attention_cache,
         )
         return self.lm_head(hidden_states), hidden_states, self_attention_cache, cross_attention_cache
+
+    def generate(
+        self,
+        encoder_token_ids,
+        start_token_id,
+        max_length=None,
+        max_new_tokens=None,
+        sampler="greedy",
+        stop_token_ids=None,
+        decoder_prompts=None,
+        jit_compile=True,
+    ):
+        """Translates / summarizes: decodes a target for each source sequence.
+
+        The encoder runs once; its cross-attention keys/values are computed
+        in the prefill and reused by every step, and the decoder's own
+        keys/values go to the KV cache. The whole loop is one compiled
+        function per (batch size, source length, target length), reused by
+        later calls. Samplers, stop tokens and ragged decoder prompts work as
+        in `GPTCausalLM.generate`.
+
+        Args:
+            encoder_token_ids: a list of source id lists (ragged, padded here
+                with 0) or a 2-D int array with 0 as padding.
+            start_token_id: the id each target starts with (e.g. [BOS]).
+            max_length: total target length, start token included; defaults
+                to the backbone's `max_sequence_length`.
+            max_new_tokens: alternatively, how many tokens to add.
+            sampler: a sampler name or `kzoo.samplers.Sampler`.
+            stop_token_ids: ids that end a row (e.g. [EOS]).
+            decoder_prompts: optional target prefixes (each starting with
+                `start_token_id`); defaults to `[start_token_id]` per row.
+            jit_compile: bool, compile the loop with XLA (TensorFlow).
+
+        Returns:
+            For a list of sources: a list of target id lists (start token
+            first, up to and including a stop token). Otherwise a dict with
+            "token_ids" `(B, max_length)` and "padding_mask".
+
+        Example:
+        >>> model = Seq2SeqTransformer.from_preset("transformer_tiny")
+        >>> model.generate([[7, 8, 9], [4, 5]], start_token_id=5, max_new_tokens=6)
+        """
+        ragged = isinstance(encoder_token_ids, (list, tuple))
+        if ragged:
+            longest = max((len(row) for row in encoder_token_ids), default=0)
+            sources = np.zeros((len(encoder_token_ids), longest), "int32")
+            for i, row in enumerate(encoder_token_ids):
+                sources[i, : len(row)] = row
+        else:
+            sources = np.asarray(ops.convert_to_numpy(encoder_token_ids), "int32")
+        if sources.ndim != 2 or sources.shape[1] == 0 or not (sources != 0).any(axis=1).all():
+            raise ValueError(
+                "`encoder_token_ids` must hold at least one non-padding token per row; "
+                f"received shape {sources.shape}."
+            )
+        if sources.shape[1] > self.backbone.max_sequence_length:
+            raise ValueError(
+                f"The source length ({sources.shape[1]}) must be <= the model's maximum "
+                f"sequence length ({self.backbone.max_sequence_length})."
+            )
+        if decoder_prompts is None:
+            decoder_prompts = [[start_token_id]] * len(sources)
+        if not ragged:
+            decoder_prompts = np.asarray(decoder_prompts, "int32")
+
+        def start(prompt_ids, length, sources):
+            encoder_output, encoder_padding_mask = self.encode(sources)
+            cache = self.empty_cache(ops.shape(prompt_ids)[0], length)
+            logits, _, cache, cross_cache = self.call_decoder_with_cache(
+                encoder_output, encoder_padding_mask, prompt_ids, cache, 0
+            )
+
+            # The source mask travels with the caches: beam search repeats
+            # every row of the loop state, the mask's too.
+            def step(token, state, index):
+                cache, cross_cache, encoder_padding_mask = state
+                logits, _, cache, cross_cache = self.call_decoder_with_cache(
+                    None, encoder_padding_mask, token, cache, index, cross_cache
+                )
+                return logits[:, -1], (cache, cross_cache, encoder_padding_mask)
+
+            return logits[:, -1], (cache, cross_cache, encoder_padding_mask), step
+
+        return generation.generate(
+            self, start, decoder_prompts, max_length, max_new_tokens, sampler, stop_token_ids, jit_compile,
+            limit=self.backbone.max_sequence_length, inputs=(sources,),
+        )
