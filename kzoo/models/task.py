@@ -1,6 +1,7 @@
 import keras
 
 from kzoo.models import presets
+from kzoo.models.multi_worker_trainer_mixin import MultiWorkerTrainerMixin
 
 
 def warmup_then_decay(learning_rate, warmup_steps=0, decay_steps=None):
@@ -29,7 +30,7 @@ def warmup_then_decay(learning_rate, warmup_steps=0, decay_steps=None):
 
 
 @keras.saving.register_keras_serializable(package="kzoo")
-class Task(keras.Model):
+class Task(MultiWorkerTrainerMixin, keras.Model):
     """Base class of kzoo task models: a backbone plus a head, with training defaults.
 
     A task is a functional `keras.Model` built in its subclass's `__init__`

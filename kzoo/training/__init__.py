@@ -21,7 +21,7 @@ A recipe, unchanged from one CPU to a GPU box, a cluster or a TPU VM:
 from kzoo.training.backup_and_restore import BackupAndRestore
 from kzoo.training.backup_and_restore import is_chief
 from kzoo.training.callbacks import callbacks
-from kzoo.training.multi_worker_trainer_mixin import MultiWorkerTrainerMixin
+from kzoo.models.multi_worker_trainer_mixin import MultiWorkerTrainerMixin
 from kzoo.training.sharding import shard_by_data
 from kzoo.training.strategy import STRATEGY_NAMES
 from kzoo.training.strategy import get_strategy

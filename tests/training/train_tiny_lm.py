@@ -45,7 +45,7 @@ def main(mode, output_dir, weights_file):
 
     import keras
 
-    import kzoo.layers
+    import kzoo.models
     import kzoo.training
 
     strategy = {
@@ -56,15 +56,15 @@ def main(mode, output_dir, weights_file):
     config = kzoo.training.configure(strategy)
     config.per_replica_batch_size(GLOBAL_BATCH_SIZE)
 
-    class TinyLM(kzoo.training.MultiWorkerTrainerMixin, keras.Model):
-        pass
-
     keras.utils.set_random_seed(0)
     with config.strategy.scope():
-        token_ids = keras.Input((SEQUENCE_LENGTH,), dtype="int32")
-        x = kzoo.layers.TokenAndPositionEmbedding(VOCABULARY_SIZE, SEQUENCE_LENGTH, 16)(token_ids)
-        x = kzoo.layers.TransformerDecoderBlock(num_heads=2, intermediate_dim=32, cross_attention=False)(x)
-        model = TinyLM(token_ids, keras.layers.Dense(VOCABULARY_SIZE)(x))
+        # A kzoo task model: `Task` carries the multi-worker fix.
+        model = kzoo.models.GPTCausalLM(
+            kzoo.models.GPTBackbone(
+                vocabulary_size=VOCABULARY_SIZE, num_layers=1, num_heads=2, hidden_dim=16,
+                intermediate_dim=32, max_sequence_length=SEQUENCE_LENGTH, dropout=0.0,
+            )
+        )
         # A schedule on optimizer.iterations, the global step, which the backup
         # restores with the momentum. Not Adam: the attention's key bias has
         # no gradient (softmax is shift-invariant), and Adam would scale the
@@ -75,14 +75,14 @@ def main(mode, output_dir, weights_file):
         )
         model.compile(
             optimizer=keras.optimizers.SGD(learning_rate, momentum=0.9),
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-            metrics=["accuracy"],
             jit_compile=config.jit_compile,
         )
 
     tokens = np.random.default_rng(0).integers(1, VOCABULARY_SIZE, (64, SEQUENCE_LENGTH + 1)).astype("int32")
     stream = kzoo.training.shard_by_data(
-        tf.data.Dataset.from_tensor_slices((tokens[:, :-1], tokens[:, 1:]))
+        tf.data.Dataset.from_tensor_slices(
+            ({"token_ids": tokens[:, :-1], "padding_mask": np.ones_like(tokens[:, :-1])}, tokens[:, 1:])
+        )
         .repeat()
         .shuffle(64, seed=1, reshuffle_each_iteration=False)
         .batch(GLOBAL_BATCH_SIZE)

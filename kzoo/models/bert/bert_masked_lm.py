@@ -69,7 +69,8 @@ class BertMaskedLM(Task):
             "mask_positions": keras.Input(shape=(None,), dtype="int32", name="mask_positions"),
         }
         sequence_output = backbone({key: inputs[key] for key in backbone.input})["sequence_output"]
-        x = ops.take_along_axis(sequence_output, inputs["mask_positions"][..., None], axis=1)  # (B, M, d)
+        # expand_dims, not [..., None]: see `kzoo.layers.masks.merge_masks` (TFLite).
+        x = ops.take_along_axis(sequence_output, ops.expand_dims(inputs["mask_positions"], -1), axis=1)  # (B, M, d)
         x = self.transform_norm(get_activation(BERT_ACTIVATION)(self.transform_dense(x)))
         logits = self.lm_head(x)  # (B, M, V) float32
         super().__init__(inputs=inputs, outputs=logits, **kwargs)

@@ -1,10 +1,18 @@
+"""A TensorFlow-only fix of Keras's trainer, kept in its own module.
+
+It lives beside the models (whose base `Task` inherits it) rather than in
+`kzoo.training`, so that models never import the training layer; TensorFlow is
+imported only when the TensorFlow trainer calls it.
+"""
+
 import keras
-import tensorflow as tf
 from keras import tree
 
 
 def in_multi_worker_mode(strategy):
     """Whether `strategy` is a `MultiWorkerMirroredStrategy` spanning several workers."""
+    import tensorflow as tf
+
     return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and (
         strategy.extended._in_multi_worker_mode()
     )
@@ -40,6 +48,8 @@ class MultiWorkerTrainerMixin:
     """
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        import tensorflow as tf
+
         if iterator is not None and self._distribute_strategy is not None:
             strategy = self._distribute_strategy
             for _, _, batches in iterator:
@@ -56,6 +66,8 @@ class MultiWorkerTrainerMixin:
         # The JAX trainer has a `_make_function` of its own, with more arguments.
         if keras.backend.backend() != "tensorflow" or not in_multi_worker_mode(self.distribute_strategy):
             return super()._make_function(step_function, *args, **kwargs)
+
+        import tensorflow as tf
 
         def step_with_replica_axis(data):
             return tree.map_structure(lambda log: tf.expand_dims(log, 0), step_function(data))
