@@ -4,6 +4,7 @@ import keras
 
 from kzoo.layers._validation import check_divisible
 from kzoo.layers._validation import check_positive_int
+from kzoo.layers._validation import clone_initializer
 from kzoo.layers._validation import check_rate
 from kzoo.layers.feed_forward import FeedForward
 from kzoo.layers.feed_forward import get_activation
@@ -56,8 +57,8 @@ class TransformerBlockBase(keras.layers.Layer):
             key_dim=head_dim,
             num_key_value_heads=self.num_key_value_heads,
             dropout=self.dropout,
-            kernel_initializer=self.kernel_initializer,
-            bias_initializer=self.bias_initializer,
+            kernel_initializer=clone_initializer(self.kernel_initializer),
+            bias_initializer=clone_initializer(self.bias_initializer),
             dtype=self.dtype_policy,
             name=name,
         )
@@ -68,8 +69,8 @@ class TransformerBlockBase(keras.layers.Layer):
         feed_forward = FeedForward(
             self.intermediate_dim,
             activation=self.activation,
-            kernel_initializer=self.kernel_initializer,
-            bias_initializer=self.bias_initializer,
+            kernel_initializer=clone_initializer(self.kernel_initializer),
+            bias_initializer=clone_initializer(self.bias_initializer),
             dtype=self.dtype_policy,
             name="feed_forward",
         )

@@ -29,3 +29,10 @@ def check_divisible(name, value, divisor_name, divisor):
         raise ValueError(
             f"`{name}` ({value}) must be divisible by `{divisor_name}` ({divisor})."
         )
+
+
+def clone_initializer(initializer):
+    """A fresh instance per sublayer: Keras fixes an unseeded initializer's seed
+    when the instance is made, so one instance shared by several sublayers
+    would give them identical weights."""
+    return initializer.__class__.from_config(initializer.get_config())

@@ -1,6 +1,7 @@
 import keras
 
 from kzoo.layers._validation import check_positive_int
+from kzoo.layers._validation import clone_initializer
 from kzoo.layers._validation import check_rate
 
 
@@ -66,15 +67,19 @@ class FeedForward(keras.layers.Layer):
         self.supports_masking = True
 
     def build(self, input_shape):
-        dense = dict(
-            use_bias=self.use_bias,
-            kernel_initializer=self.kernel_initializer,
-            bias_initializer=self.bias_initializer,
-            dtype=self.dtype_policy,
-        )
-        self.intermediate_dense = keras.layers.Dense(self.intermediate_dim, name="intermediate_dense", **dense)
+        def dense(units, name):
+            return keras.layers.Dense(
+                units,
+                use_bias=self.use_bias,
+                kernel_initializer=clone_initializer(self.kernel_initializer),
+                bias_initializer=clone_initializer(self.bias_initializer),
+                dtype=self.dtype_policy,
+                name=name,
+            )
+
+        self.intermediate_dense = dense(self.intermediate_dim, "intermediate_dense")
         self.intermediate_dense.build(input_shape)
-        self.output_dense = keras.layers.Dense(self.output_dim or input_shape[-1], name="output_dense", **dense)
+        self.output_dense = dense(self.output_dim or input_shape[-1], "output_dense")
         self.output_dense.build((*input_shape[:-1], self.intermediate_dim))
         self.hidden_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
         self.built = True

@@ -40,8 +40,11 @@ def merge_masks(query_mask=None, key_mask=None, attention_mask=None, causal=None
     """
     mask = None
     for part in (
-        None if query_mask is None else ops.cast(query_mask, "bool")[:, :, None],
-        None if key_mask is None else ops.cast(key_mask, "bool")[:, None, :],
+        # expand_dims, not [:, :, None] / [:, None, :]: the TFLite converter
+        # cannot lower such a new axis on a dynamic shape to builtin ops
+        # (tensorflow/tensorflow#48018).
+        None if query_mask is None else ops.expand_dims(ops.cast(query_mask, "bool"), 2),
+        None if key_mask is None else ops.expand_dims(ops.cast(key_mask, "bool"), 1),
         None if attention_mask is None else ops.cast(attention_mask, "bool"),
         causal,
     ):

@@ -3,6 +3,7 @@ from keras import ops
 
 from kzoo.layers._validation import check_divisible
 from kzoo.layers._validation import check_positive_int
+from kzoo.layers._validation import clone_initializer
 from kzoo.layers._validation import check_rate
 from kzoo.layers.masks import causal_mask
 from kzoo.layers.masks import keras_mask
@@ -101,8 +102,8 @@ class MultiHeadAttention(keras.layers.Layer):
             "btd,dhk->bthk",
             output_shape=(None, heads, head_dim),
             bias_axes="hk" if self.use_bias else None,
-            kernel_initializer=self.kernel_initializer,
-            bias_initializer=self.bias_initializer,
+            kernel_initializer=clone_initializer(self.kernel_initializer),
+            bias_initializer=clone_initializer(self.bias_initializer),
             dtype=self.dtype_policy,
             name=name,
         )
@@ -127,8 +128,8 @@ class MultiHeadAttention(keras.layers.Layer):
             "bthv,hvd->btd",
             output_shape=(None, self.output_dim or query_shape[-1]),
             bias_axes="d" if self.use_bias else None,
-            kernel_initializer=self.kernel_initializer,
-            bias_initializer=self.bias_initializer,
+            kernel_initializer=clone_initializer(self.kernel_initializer),
+            bias_initializer=clone_initializer(self.bias_initializer),
             dtype=self.dtype_policy,
             name="attention_output",
         )

@@ -103,7 +103,8 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         check_sequence_length(token_ids.shape[-1], self.sequence_length, start_index)
         token_ids, valid = check_token_ids(token_ids, self.vocabulary_size, "token_ids")
         x = self.token_embedding(token_ids)
-        x = ops.where(valid[..., None], x, float("nan"))
+        # expand_dims, not [..., None]: see `kzoo.layers.masks.merge_masks`.
+        x = ops.where(ops.expand_dims(valid, -1), x, float("nan"))
         if self.scale_embeddings:
             x = x * ops.cast(math.sqrt(self.embedding_dim), x.dtype)
         if self.position_embedding is None:

@@ -150,3 +150,16 @@ def test_mixed_precision_blocks_are_finite_and_close_to_float32(policy, toleranc
     got = ops.convert_to_numpy(ops.cast(got, "float32"))
     assert np.all(np.isfinite(got))
     np.testing.assert_allclose(got[mask], want[mask], atol=tolerance)
+
+
+def test_every_sublayer_starts_from_its_own_random_weights():
+    block = TransformerDecoderBlock(4, 16, kernel_initializer=keras.initializers.GlorotUniform())
+    block(random(1, 3, 16), random(1, 3, 16))
+    kernels = [
+        ops.convert_to_numpy(layer.kernel).ravel()[:32]
+        for attention in (block.self_attention, block.cross_attention_layer)
+        for layer in (attention.query_dense, attention.key_dense, attention.value_dense, attention.output_dense)
+    ] + [ops.convert_to_numpy(d.kernel).ravel()[:32] for d in (block.feed_forward.intermediate_dense, block.feed_forward.output_dense)]
+    for i in range(len(kernels)):
+        for j in range(i):
+            assert not np.allclose(kernels[i], kernels[j]), (i, j)
