@@ -1,0 +1,122 @@
+"""Exports a saved kzoo model for serving: SavedModel and TFLite files, verified against Keras.
+
+    python export/export.py MODEL.keras --out DIR
+        [--formats savedmodel,tflite_fp32,tflite_fp16,tflite_int8_dynamic,tflite_int8]
+        [--representative-data NAME] [--overwrite]
+
+Writes DIR/savedmodel/, DIR/model_<precision>.tflite and DIR/export_report.json (sizes, max
+abs differences from Keras at lengths 1, 7 and full, quality deltas, latencies); see
+`kzoo.export.export`. Exits with status 1 and a message, leaving nothing at DIR, when the
+model cannot be read, a format is unknown, DIR cannot be written, or an artifact disagrees
+with the Keras model beyond its tolerance.
+
+Examples:
+    python export/export.py runs/gpt_tiny/model.keras --out runs/gpt_tiny/export
+    python export/export.py runs/bert/model.keras --out runs/bert/export \\
+        --formats tflite_fp32,tflite_int8 --representative-data kzoo_rt_polarity
+"""
+
+import argparse
+import os
+import sys
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model", help="the .keras file of a kzoo model")
+    parser.add_argument("--out", required=True, help="the folder to create")
+    parser.add_argument(
+        "--formats",
+        help="comma-separated: savedmodel, tflite_fp32, tflite_fp16, tflite_int8_dynamic, tflite_int8 "
+        "(default: all but the opt-in full integer tflite_int8)",
+    )
+    parser.add_argument(
+        "--representative-data",
+        metavar="NAME",
+        help="a kzoo dataset (e.g. kzoo_tiny_shakespeare) read with the tokenizer saved beside the "
+        "model, for calibration and held-out checks; default: synthetic token ids",
+    )
+    parser.add_argument("--tokenizer-dir", help="where the model's tokenizer.json is (default: the model's folder)")
+    parser.add_argument("--data-dir", help="the tensorflow-datasets folder (default: tfds' own)")
+    parser.add_argument("--max-length", type=int, help="the full sequence length checked (default: the model's)")
+    parser.add_argument("--cache-length", type=int, help="positions of the TFLite KV cache (default: the model's maximum)")
+    parser.add_argument("--num-examples", type=int, default=32, help="held-out rows (default: 32)")
+    parser.add_argument("--num-representative", type=int, default=32, help="calibration rows for tflite_int8 (default: 32)")
+    parser.add_argument("--generate-tokens", type=int, default=32, help="new tokens per generation check (default: 32)")
+    parser.add_argument("--latency-runs", type=int, default=20, help="timed calls per latency median (default: 20)")
+    parser.add_argument(
+        "--quality-bound",
+        action="append",
+        default=[],
+        metavar="FORMAT=NATS",
+        help="largest held-out cross-entropy increase allowed for a quantized format, e.g. tflite_int8=0.2 "
+        "(default: tflite_fp16=0.01, tflite_int8_dynamic=0.05, tflite_int8=0.1)",
+    )
+    parser.add_argument("--compare-model-export", action="store_true", help="also report the size of Keras' model.export")
+    parser.add_argument("--overwrite", action="store_true", help="replace DIR if it exists")
+    return parser.parse_args(argv)
+
+
+def quality_bounds(pairs):
+    bounds = {}
+    for pair in pairs:
+        name, _, value = pair.partition("=")
+        try:
+            bounds[name] = float(value)
+        except ValueError:
+            raise SystemExit(f"--quality-bound takes FORMAT=NATS, e.g. tflite_int8=0.2; received {pair!r}.")
+    return bounds
+
+
+def summary(report):
+    """One line per artifact: size, largest difference from Keras, quality change, latency."""
+    lines = []
+    for name, artifact in report["artifacts"].items():
+        quality = artifact["quality"]
+        delta = quality.get("cross_entropy_increase")
+        generation = artifact.get("generation")
+        lines.append(
+            f"{name:20s} {artifact['size_bytes'] / 1e6:8.2f} MB  "
+            f"max|diff| {max(artifact['max_abs_diff'].values()):.2e}  "
+            + (f"cross-entropy {delta:+.4f} (bound {quality['bound']:g})  " if delta is not None else "")
+            + (f"generation {'=' if generation['matches_keras'] else '!='} Keras  " if generation else "")
+            + "  ".join(f"{key} {value:.2f} ms" for key, value in artifact["latency_ms"].items())
+        )
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    from kzoo import export as kzoo_export
+
+    try:
+        report = kzoo_export.export(
+            args.model,
+            args.out,
+            formats=args.formats,
+            representative_data=args.representative_data,
+            tokenizer_dir=args.tokenizer_dir,
+            data_dir=args.data_dir,
+            max_length=args.max_length,
+            cache_length=args.cache_length,
+            num_examples=args.num_examples,
+            num_representative=args.num_representative,
+            generate_tokens=args.generate_tokens,
+            latency_runs=args.latency_runs,
+            quality_bounds=quality_bounds(args.quality_bound),
+            compare_model_export=args.compare_model_export,
+            overwrite=args.overwrite,
+        )
+    except kzoo_export.ExportError as error:
+        print(f"export failed: {error}", file=sys.stderr)
+        return 1
+    print(summary(report))
+    print(f"Wrote {args.out} ({kzoo_export.REPORT_FILE} has the details).")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,321 @@
+"""The serving signatures of a kzoo model, traced once, over one copy of its variables."""
+
+import tensorflow as tf
+
+from kzoo import models
+from kzoo.models import TiedLogits
+from kzoo.samplers import GreedySampler
+
+# What `serving_default` returns per model class: "lm" logits only,
+# "classifier" logits and softmax probabilities, "tagger" logits and argmax tags.
+TASKS = {
+    models.GPTCausalLM: "causal_lm",
+    models.Seq2SeqTransformer: "seq2seq",
+    models.RNNLanguageModel: "lm",
+    models.BertMaskedLM: "lm",
+    models.BertClassifier: "classifier",
+    models.BiLSTMClassifier: "classifier",
+    models.BertTokenClassifier: "tagger",
+    models.BiLSTMTagger: "tagger",
+}
+
+# Keras' recurrent layers lower to a TFLite WHILE loop only with a static
+# batch, so their TFLite `serving_default` takes batch 1.
+RECURRENT = (models.RNNLanguageModel, models.BiLSTMClassifier, models.BiLSTMTagger)
+
+# The length checked as "full" for models without a position table (RNNs).
+DEFAULT_MAX_LENGTH = 128
+
+
+def task_of(model):
+    """The serving task of a kzoo model ("causal_lm", "seq2seq", "lm", "classifier", "tagger")."""
+    for cls, task in TASKS.items():
+        if isinstance(model, cls):
+            return task
+    supported = ", ".join(sorted(cls.__name__ for cls in TASKS))
+    raise ValueError(f"Cannot export a {type(model).__name__}: supported models are {supported}.")
+
+
+def max_length_of(model):
+    """The longest sequence the model takes: its position table, or `DEFAULT_MAX_LENGTH`."""
+    backbone = getattr(model, "backbone", None)
+    return getattr(backbone, "max_sequence_length", None) or DEFAULT_MAX_LENGTH
+
+
+def vocabulary_size_of(model):
+    return getattr(getattr(model, "backbone", None), "vocabulary_size", None) or model.vocabulary_size
+
+
+def input_names(model):
+    """The model's input names in call order; a single-input model takes "token_ids"."""
+    return list(model.input) if isinstance(model.input, dict) else ["token_ids"]
+
+
+def check_cache_length(model, cache_length=None):
+    """The KV cache length of a generating model's TFLite file: `cache_length`, by default
+    the model's maximum sequence length; raises ValueError outside [2, that maximum]."""
+    limit = max_length_of(model)
+    if cache_length is not None and not 1 < cache_length <= limit:
+        raise ValueError(f"`cache_length` ({cache_length}) must be in [2, {limit}], the model's maximum sequence length.")
+    return cache_length or limit
+
+
+def call_model(model, names, inputs):
+    """The Keras model on `{name: tensor}` (a single-input model takes the tensor)."""
+    inputs = {name: inputs[name] for name in names}
+    return model(inputs if len(names) > 1 else inputs["token_ids"], training=False)
+
+
+class ServingSignatures:
+    """The serving signatures of a kzoo model and the variables they read.
+
+    `save(path)` writes a SavedModel with the SavedModel signatures that holds
+    each variable once (Keras 3.15's `model.export` writes every variable
+    twice, keras-team/keras#23553): the SavedModel's root is a `tf.Module`
+    with only the variables, and the Keras model is only captured by the
+    traced functions, never tracked. `tflite_functions()` gives the concrete
+    functions the TFLite converter takes.
+
+    SavedModel signatures, batch and sequence length dynamic, int32 inputs
+    named as the model's own inputs:
+
+    - `serving_default`: `{"logits"}` float32 for language models, plus
+      `"probabilities"` (softmax) for classifiers or `"tags"` (argmax, int32)
+      for taggers.
+    - `generate` (GPTCausalLM, Seq2SeqTransformer): greedy decoding in one
+      compiled `tf.while_loop` over the KV cache (kzoo's `GreedySampler`).
+      GPT: `token_ids`, `padding_mask` `(B, L)`: prompts right-padded to the
+      total length L, mask 1 on prompt tokens. Seq2seq: `encoder_token_ids`
+      `(B, S)` and `decoder_token_ids` `(B, L)`: the decoder prompt (e.g.
+      [BOS]) right-padded with 0 to L. Both take `stop_token_ids` `(N,)`
+      (possibly empty) and return `{"token_ids", "padding_mask"}` `(B, L)`,
+      the mask 1 on prompt and generated tokens (a row stops after a stop
+      token). Every row needs at least one prompt token.
+
+    TFLite adds, for the generating models, `prefill` and `decode` with the
+    KV cache as explicit fixed-size state, batch 1: `prefill` runs the prompt
+    (`token_ids` `(1, P)`, seq2seq: `encoder_token_ids` `(1, S)` and
+    `decoder_token_ids` `(1, P)`) into an empty cache of `cache_length`
+    positions; `decode` runs one token (`token_ids` `(1, 1)`) at
+    `cache_index`. Both return the `logits` `(1, V)` of the next token and
+    the state (`key_cache_i`, `value_cache_i` per block; seq2seq also
+    `cross_key_cache_i`, `cross_value_cache_i` and `encoder_padding_mask`),
+    which the caller feeds back into `decode` under the same names
+    (`kzoo.export.LiteRTModel.generate` does).
+
+    Args:
+        model: a kzoo task model (see `TASKS`).
+        cache_length: int, the positions of the TFLite KV cache; defaults to
+            the model's maximum sequence length.
+
+    Example:
+    >>> signatures = ServingSignatures(keras.saving.load_model("lm.keras"))
+    >>> signatures.save("lm_savedmodel")
+    """
+
+    def __init__(self, model, cache_length=None):
+        self.task = task_of(model)
+        self.input_names = input_names(model)
+        # The token table is also the output projection (GPT, tied seq2seq, BERT MLM).
+        self.tied_embeddings = any(isinstance(layer, TiedLogits) for layer in model.layers)
+        self.cache_length = check_cache_length(model, cache_length)
+        self._functions = _signature_functions(model, self.task, self.input_names, self.cache_length)
+        self.variables = _captured_variables(
+            [function.get_concrete_function() for function in self._functions.values()]
+        )
+
+    @property
+    def generates(self):
+        """Whether the model has `generate`, `prefill` and `decode` signatures."""
+        return "generate" in self._functions
+
+    def savedmodel_signatures(self):
+        """`{"serving_default": tf.function, "generate": tf.function}` (generate if any)."""
+        return {name: self._functions[name] for name in ("serving_default", "generate") if name in self._functions}
+
+    def save(self, path):
+        """Writes the SavedModel of `savedmodel_signatures()` to `path`."""
+        tf.saved_model.save(self.trackable(), str(path), signatures=self.savedmodel_signatures())
+
+    def trackable(self):
+        """A `tf.Module` holding the variables once: what the SavedModel and
+        the TFLite converter save the signatures' captures from."""
+        root = tf.Module(name="kzoo_serving")
+        root.model_variables = list(self.variables)
+        return root
+
+    def tflite_functions(self, generation=True):
+        """Concrete functions for `tf.lite.TFLiteConverter.from_concrete_functions`:
+        `serving_default`, and `prefill` and `decode` for the generating models
+        when `generation` is True."""
+        names = ["tflite_serving_default"]
+        if generation and self.generates:
+            names += ["prefill", "decode"]
+        return [self._functions[name].get_concrete_function() for name in names]
+
+
+def _captured_variables(concrete_functions):
+    """The variables the functions read, each once, in a stable order."""
+    seen, variables = set(), []
+    for function in concrete_functions:
+        for variable in function.variables:
+            if id(variable) not in seen:
+                seen.add(id(variable))
+                variables.append(variable)
+    return variables
+
+
+def _ids_spec(name, batch=None, length=None):
+    """An int32 `(batch, length)` input named `name`; None is dynamic."""
+    return tf.TensorSpec([batch, length], tf.int32, name=name)
+
+
+def _signature_functions(model, task, names, cache_length):
+    """`{name: tf.function}` for every signature of `model` (see `ServingSignatures`)."""
+
+    def heads(logits):
+        if task == "classifier":
+            return {"logits": logits, "probabilities": tf.nn.softmax(logits, axis=-1)}
+        if task == "tagger":
+            return {"logits": logits, "tags": tf.argmax(logits, axis=-1, output_type=tf.int32)}
+        return {"logits": logits}
+
+    def serving(batch):
+        specs = [_ids_spec(name, batch) for name in names]
+
+        @tf.function(input_signature=specs)
+        def serving_default(*inputs):
+            return heads(call_model(model, names, dict(zip(names, inputs))))
+
+        return serving_default
+
+    functions = {"serving_default": serving(None)}
+    functions["tflite_serving_default"] = serving(1) if isinstance(model, RECURRENT) else functions["serving_default"]
+    if task == "causal_lm":
+        functions.update(_causal_lm_generation(model, cache_length))
+    elif task == "seq2seq":
+        functions.update(_seq2seq_generation(model, cache_length))
+    return functions
+
+
+def _cache_specs(model, cache_length, prefix="", dynamic_length=False):
+    """TensorSpecs of a `(keys, values)` cache per block, named `{prefix}key_cache_i`,
+    `(1, heads, cache_length or None, head_dim)`."""
+    specs = []
+    for i, (keys, values) in enumerate(model.empty_cache(1, cache_length)):
+        for kind, part in (("key", keys), ("value", values)):
+            shape = [1, part.shape[1], None if dynamic_length else cache_length, part.shape[3]]
+            specs.append(tf.TensorSpec(shape, part.dtype, name=f"{prefix}{kind}_cache_{i}"))
+    return specs
+
+
+def _flatten_cache(cache, prefix=""):
+    """`{"key_cache_i": keys, "value_cache_i": values}` of a cache tuple."""
+    state = {}
+    for i, (keys, values) in enumerate(cache):
+        state[f"{prefix}key_cache_{i}"] = keys
+        state[f"{prefix}value_cache_{i}"] = values
+    return state
+
+
+def _pair_up(tensors):
+    """Flat `(k_0, v_0, k_1, v_1, ...)` -> `((k_0, v_0), (k_1, v_1), ...)`."""
+    return tuple(zip(tensors[0::2], tensors[1::2]))
+
+
+def _greedy_loop(sampler, start, step, token_ids, prompt_mask, stop_token_ids):
+    """Prefills the shortest prompt with `start(prefix, length) -> (logits, cache)`,
+    then decodes the rest with the `sampler`'s loop (a `GreedySampler`)."""
+    batch, length = tf.shape(token_ids)[0], tf.shape(token_ids)[1]
+    prefill = tf.reduce_min(tf.reduce_sum(tf.cast(prompt_mask, tf.int32), axis=1))
+    logits, cache = start(token_ids[:, :prefill], length)
+    noise = tf.zeros((length, batch))  # greedy draws no random numbers
+    token_ids, generated = sampler.run(step, token_ids, prompt_mask, logits, cache, prefill, stop_token_ids, noise)
+    return {"token_ids": token_ids, "padding_mask": tf.cast(tf.logical_or(generated, prompt_mask), tf.int32)}
+
+
+def _causal_lm_generation(model, cache_length):
+    # Made outside the traced function: a sampler owns a (here unused) seed variable.
+    sampler = GreedySampler()
+    stop_spec = tf.TensorSpec([None], tf.int32, name="stop_token_ids")
+
+    @tf.function(input_signature=[_ids_spec("token_ids"), _ids_spec("padding_mask"), stop_spec])
+    def generate(token_ids, padding_mask, stop_token_ids):
+        def start(prefix, length):
+            cache = model.empty_cache(tf.shape(prefix)[0], length)
+            logits, _, cache = model.call_with_cache(prefix, cache, 0)
+            return logits[:, -1], cache
+
+        def step(token, cache, index):
+            logits, _, cache = model.call_with_cache(token, cache, index)
+            return logits[:, -1], cache
+
+        return _greedy_loop(sampler, start, step, token_ids, tf.cast(padding_mask, tf.bool), stop_token_ids)
+
+    @tf.function(input_signature=[_ids_spec("token_ids", 1)])
+    def prefill(token_ids):
+        logits, _, cache = model.call_with_cache(token_ids, model.empty_cache(1, cache_length), 0)
+        return {"logits": logits[:, -1], **_flatten_cache(cache)}
+
+    index_spec = tf.TensorSpec([], tf.int32, name="cache_index")
+
+    @tf.function(input_signature=[_ids_spec("token_ids", 1, 1), index_spec, *_cache_specs(model, cache_length)])
+    def decode(token_ids, cache_index, *cache):
+        logits, _, cache = model.call_with_cache(token_ids, _pair_up(cache), cache_index)
+        return {"logits": logits[:, -1], **_flatten_cache(cache)}
+
+    return {"generate": generate, "prefill": prefill, "decode": decode}
+
+
+def _seq2seq_generation(model, cache_length):
+    # Made outside the traced function: a sampler owns a (here unused) seed variable.
+    sampler = GreedySampler()
+    stop_spec = tf.TensorSpec([None], tf.int32, name="stop_token_ids")
+
+    @tf.function(input_signature=[_ids_spec("encoder_token_ids"), _ids_spec("decoder_token_ids"), stop_spec])
+    def generate(encoder_token_ids, decoder_token_ids, stop_token_ids):
+        encoder_output, encoder_mask = model.encode(encoder_token_ids)
+
+        def start(prefix, length):
+            cache = model.empty_cache(tf.shape(prefix)[0], length)
+            logits, _, cache, cross_cache = model.call_decoder_with_cache(encoder_output, encoder_mask, prefix, cache, 0)
+            return logits[:, -1], (cache, cross_cache)
+
+        def step(token, caches, index):
+            cache, cross_cache = caches
+            logits, _, cache, _ = model.call_decoder_with_cache(None, encoder_mask, token, cache, index, cross_cache)
+            return logits[:, -1], (cache, cross_cache)
+
+        prompt_mask = tf.not_equal(decoder_token_ids, 0)  # id 0 is padding
+        return _greedy_loop(sampler, start, step, decoder_token_ids, prompt_mask, stop_token_ids)
+
+    @tf.function(input_signature=[_ids_spec("encoder_token_ids", 1), _ids_spec("decoder_token_ids", 1)])
+    def prefill(encoder_token_ids, decoder_token_ids):
+        encoder_output, encoder_mask = model.encode(encoder_token_ids)
+        logits, _, cache, cross_cache = model.call_decoder_with_cache(
+            encoder_output, encoder_mask, decoder_token_ids, model.empty_cache(1, cache_length), 0
+        )
+        return {
+            "logits": logits[:, -1],
+            "encoder_padding_mask": tf.cast(encoder_mask, tf.int32),
+            **_flatten_cache(cache),
+            **_flatten_cache(cross_cache, "cross_"),
+        }
+
+    self_specs = _cache_specs(model, cache_length)
+    cross_specs = _cache_specs(model, cache_length, prefix="cross_", dynamic_length=True)  # (1, h, S, d/h)
+    fixed_specs = [
+        _ids_spec("token_ids", 1, 1),
+        tf.TensorSpec([], tf.int32, name="cache_index"),
+        _ids_spec("encoder_padding_mask", 1),
+    ]
+
+    @tf.function(input_signature=[*fixed_specs, *self_specs, *cross_specs])
+    def decode(token_ids, cache_index, encoder_padding_mask, *caches):
+        cache, cross_cache = _pair_up(caches[: len(self_specs)]), _pair_up(caches[len(self_specs) :])
+        logits, _, cache, _ = model.call_decoder_with_cache(
+            None, tf.cast(encoder_padding_mask, tf.bool), token_ids, cache, cache_index, cross_cache
+        )
+        return {"logits": logits[:, -1], **_flatten_cache(cache)}
+
+    return {"generate": generate, "prefill": prefill, "decode": decode}

@@ -1,0 +1,93 @@
+"""TFLite conversion of a `ServingModule`, builtin ops only, in four precisions."""
+
+import collections
+import warnings
+
+import tensorflow as tf
+from ai_edge_litert import schema_py_generated as schema
+
+# Format name -> what its weights and activations are. Every format keeps a
+# float32 interface (int32 token ids in, float32 logits and caches out).
+TFLITE_FORMATS = {
+    "tflite_fp32": "float32 weights and activations",
+    "tflite_fp16": "float16 weights, float32 activations",
+    "tflite_int8_dynamic": "int8 weights, activations quantized per call (dynamic range)",
+    "tflite_int8": "int8 weights and activations (full integer), calibrated on representative data",
+}
+
+_OP_NAMES = {code: name for name, code in vars(schema.BuiltinOperator).items() if not name.startswith("_")}
+
+
+def convert(signatures, tflite_format, representative_dataset=None, generation=True):
+    """Converts a model's `ServingSignatures` to a TFLite flatbuffer with builtin ops only.
+
+    Args:
+        signatures: a `kzoo.export.ServingSignatures`; its TFLite functions
+            become the file's signatures (`serving_default`, and `prefill`
+            and `decode` for the generating models).
+        tflite_format: a key of `TFLITE_FORMATS`.
+        representative_dataset: for "tflite_int8", a callable returning an
+            iterator of `(signature_key, {input_name: array})`.
+        generation: bool, include `prefill` and `decode` where the model has them.
+
+    Returns:
+        The flatbuffer (bytes).
+
+    Raises:
+        tf.lite's `ConverterError` when an op has no builtin TFLite kernel
+        (kzoo never falls back to SELECT_TF_OPS, which needs the Flex delegate).
+    """
+    if tflite_format not in TFLITE_FORMATS:
+        raise ValueError(f"Unknown TFLite format {tflite_format!r}; known: {sorted(TFLITE_FORMATS)}.")
+    converter = tf.lite.TFLiteConverter.from_concrete_functions(
+        signatures.tflite_functions(generation), signatures.trackable()
+    )
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+    if tflite_format != "tflite_fp32":
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+        if signatures.tied_embeddings:
+            # One int8 copy of a tied token table: per-channel scales would give
+            # the output projection its own copy beside the lookup's.
+            converter._experimental_disable_per_channel = True
+    if tflite_format == "tflite_fp16":
+        converter.target_spec.supported_types = [tf.float16]
+    elif tflite_format == "tflite_int8":
+        if representative_dataset is None:
+            raise ValueError("tflite_int8 needs a `representative_dataset`.")
+        converter.representative_dataset = representative_dataset
+        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+    with warnings.catch_warnings():
+        # TF's calibrator still runs the deprecated tf.lite.Interpreter; kzoo runs LiteRT.
+        warnings.filterwarnings("ignore", "(?s).*tf.lite.Interpreter is deprecated", UserWarning)
+        return converter.convert()
+
+
+def op_census(flatbuffer):
+    """`{op name: count}` over every subgraph of a TFLite flatbuffer; raises
+    ValueError on a custom or Flex op (kzoo's files use builtin ops only)."""
+    model = schema.Model.GetRootAs(flatbuffer, 0)
+    counts = collections.Counter()
+    for g in range(model.SubgraphsLength()):
+        subgraph = model.Subgraphs(g)
+        for i in range(subgraph.OperatorsLength()):
+            code = model.OperatorCodes(subgraph.Operators(i).OpcodeIndex())
+            # Codes above 127 live in BuiltinCode, older ones in the deprecated field.
+            counts[_OP_NAMES[max(code.BuiltinCode(), code.DeprecatedBuiltinCode())]] += 1
+    if counts.get("CUSTOM"):
+        raise ValueError(f"The TFLite file has {counts['CUSTOM']} custom/Flex ops; kzoo exports builtin ops only.")
+    return dict(counts.most_common())
+
+
+def activation_types(flatbuffer):
+    """`{dtype name: count}` of the non-constant tensors: shows whether a file
+    computes in int8 (full integer) or in float."""
+    model = schema.Model.GetRootAs(flatbuffer, 0)
+    names = {code: name for name, code in vars(schema.TensorType).items() if not name.startswith("_")}
+    counts = collections.Counter()
+    for g in range(model.SubgraphsLength()):
+        subgraph = model.Subgraphs(g)
+        for i in range(subgraph.TensorsLength()):
+            tensor = subgraph.Tensors(i)
+            if model.Buffers(tensor.Buffer()).DataLength() == 0:
+                counts[names[tensor.Type()]] += 1
+    return dict(counts.most_common())

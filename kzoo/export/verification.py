@@ -1,0 +1,64 @@
+"""What an exported artifact must satisfy against its Keras model, and how it is measured."""
+
+import numpy as np
+
+# float32 artifacts compute what Keras computes: the largest |logit difference| allowed.
+FP32_TOLERANCE = 1e-4
+
+# Quantized artifacts: the largest increase of the held-out cross-entropy
+# (nats per target token or example) over Keras' allowed by default;
+# exp(bound) is the perplexity ratio (1.01, 1.05, 1.11).
+QUALITY_BOUNDS = {"tflite_fp16": 0.01, "tflite_int8_dynamic": 0.05, "tflite_int8": 0.10}
+
+# The short length checked besides 1 and the full length.
+SHORT_LENGTH = 7
+
+
+def checked_lengths(max_length):
+    """The sequence lengths every artifact is compared with Keras at: 1, short, full."""
+    return sorted({1, min(SHORT_LENGTH, max_length), max_length})
+
+
+def max_abs_diff(values, reference):
+    return float(np.max(np.abs(np.asarray(values, np.float64) - np.asarray(reference, np.float64))))
+
+
+def quality(logits, targets, sample_weight=None, reference_logits=None):
+    """Held-out quality of `logits` `(..., C)` against int `targets` `(...)`.
+
+    Returns:
+        A dict: `cross_entropy` (weighted mean, nats), `perplexity`
+        (its exp), `accuracy` (weighted top-1) and, with `reference_logits`,
+        `top1_agreement`: the weighted share of positions whose argmax is
+        the reference's.
+    """
+    logits = np.asarray(logits, np.float64)
+    weights = np.ones(targets.shape) if sample_weight is None else np.asarray(sample_weight, np.float64)
+    log_norm = np.log(np.sum(np.exp(logits - logits.max(-1, keepdims=True)), -1)) + logits.max(-1)
+    target_logits = np.take_along_axis(logits, targets[..., None].astype(np.int64), -1)[..., 0]
+    total = weights.sum()
+    cross_entropy = float(np.sum((log_norm - target_logits) * weights) / total)
+    predictions = logits.argmax(-1)
+    result = {
+        "cross_entropy": cross_entropy,
+        "perplexity": float(np.exp(cross_entropy)),
+        "accuracy": float(np.sum((predictions == targets) * weights) / total),
+    }
+    if reference_logits is not None:
+        agree = predictions == np.asarray(reference_logits).argmax(-1)
+        result["top1_agreement"] = float(np.sum(agree * weights) / total)
+    return result
+
+
+def compare_generations(generated, reference, prompt_lengths):
+    """`{"matches_keras", "token_agreement"}` of lists of token lists: whether
+    every sequence equals its reference, and the share of equal generated
+    tokens (after each prompt; a position only one of them reached counts
+    as different)."""
+    generated = [[int(token) for token in tokens] for tokens in generated]
+    reference = [[int(token) for token in tokens] for tokens in reference]
+    equal = total = 0
+    for tokens, expected, start in zip(generated, reference, prompt_lengths):
+        total += max(len(tokens), len(expected)) - start
+        equal += sum(a == b for a, b in zip(tokens[start:], expected[start:]))
+    return {"matches_keras": generated == reference, "token_agreement": equal / max(total, 1)}

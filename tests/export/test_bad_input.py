@@ -1,0 +1,106 @@
+"""Bad input gives a clear error and leaves nothing behind, through the API and the command line."""
+
+import importlib.util
+import os
+from pathlib import Path
+
+import keras
+import pytest
+
+from kzoo import export
+from tests.export.tiny_models import build
+
+COMMAND = Path(__file__).resolve().parents[2] / "export" / "export.py"
+_spec = importlib.util.spec_from_file_location("export_command", COMMAND)
+export_command = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(export_command)
+
+
+@pytest.fixture(scope="module")
+def saved_model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("model") / "gpt.keras"
+    build("gpt").save(path)
+    return path
+
+
+def leftovers(folder):
+    return sorted(path.name for path in Path(folder).iterdir())
+
+
+def test_missing_model_file(tmp_path, capsys):
+    assert export_command.main([str(tmp_path / "nothing.keras"), "--out", str(tmp_path / "out")]) == 1
+    assert "export failed: No model file at" in capsys.readouterr().err
+    assert leftovers(tmp_path) == []
+
+
+def test_truncated_model_file(saved_model, tmp_path):
+    truncated = tmp_path / "truncated.keras"
+    data = saved_model.read_bytes()
+    truncated.write_bytes(data[: len(data) // 2])
+    with pytest.raises(export.ExportError, match="not a valid .keras file"):
+        export.export(truncated, tmp_path / "out")
+    assert leftovers(tmp_path) == ["truncated.keras"]
+
+
+def test_not_a_keras_file(saved_model, tmp_path):
+    other = tmp_path / "model.h5"
+    other.write_bytes(saved_model.read_bytes())
+    with pytest.raises(export.ExportError, match="is not a .keras file"):
+        export.export(other, tmp_path / "out")
+
+
+def test_a_keras_model_that_is_not_from_kzoo(tmp_path):
+    path = tmp_path / "plain.keras"
+    keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)]).save(path)
+    with pytest.raises(export.ExportError, match="Cannot export a Sequential: supported models are BertClassifier"):
+        export.export(path, tmp_path / "out")
+    assert leftovers(tmp_path) == ["plain.keras"]
+
+
+def test_unknown_format(saved_model, tmp_path, capsys):
+    code = export_command.main([str(saved_model), "--out", str(tmp_path / "out"), "--formats", "tflite_fp32,onnx"])
+    assert code == 1
+    assert "Unknown format(s) ['onnx']; choose from savedmodel, tflite_fp32" in capsys.readouterr().err
+    assert leftovers(tmp_path) == []
+
+
+def test_full_integer_int8_of_a_recurrent_model_is_refused(tmp_path):
+    with pytest.raises(export.ExportError, match="tflite_int8 \\(full integer\\) is not available for RNNLanguageModel"):
+        export.export(build("rnn_lm"), tmp_path / "out", formats=["tflite_int8"])
+
+
+def test_output_under_a_file(saved_model, tmp_path):
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(export.ExportError, match="its parent .*a_file is not a folder"):
+        export.export(saved_model, tmp_path / "a_file" / "out")
+
+
+def test_output_in_a_folder_nobody_can_write(saved_model, capsys):
+    assert export_command.main([str(saved_model), "--out", "/proc/kzoo-export"]) == 1
+    assert "export failed: Cannot write into /proc" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_output_in_a_read_only_folder(saved_model, tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        with pytest.raises(export.ExportError, match="Cannot write into"):
+            export.export(saved_model, locked / "out")
+        assert leftovers(locked) == []
+    finally:
+        locked.chmod(0o700)
+
+
+def test_existing_output_is_kept_unless_overwrite(saved_model, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("earlier export")
+    with pytest.raises(export.ExportError, match="is not empty; pass --overwrite"):
+        export.export(saved_model, out, formats=["tflite_fp32"])
+    assert leftovers(out) == ["keep.txt"]
+
+    export.export(saved_model, out, formats=["tflite_fp32"], overwrite=True, num_examples=2, latency_runs=1, generate_tokens=2)
+    assert leftovers(out) == [export.REPORT_FILE, "model_fp32.tflite"]
+    assert leftovers(tmp_path) == ["out"]

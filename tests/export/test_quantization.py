@@ -1,0 +1,60 @@
+"""Quantized TFLite files: their size, and their quality loss, reported and bounded."""
+
+import pytest
+
+from kzoo import export
+from tests.export.tiny_models import build
+
+# Large enough that the weights, not the graph, make up the file (as in any real model).
+WEIGHTS_DOMINANT = dict(vocabulary_size=4000, hidden_dim=128, intermediate_dim=512)
+
+
+def assert_small_and_bounded(report, quantized):
+    fp32 = report["artifacts"]["tflite_fp32"]
+    for name in quantized:
+        artifact = report["artifacts"][name]
+        assert artifact["size_bytes"] <= 0.3 * fp32["size_bytes"], name
+        quality = artifact["quality"]
+        assert quality["bound"] == export.QUALITY_BOUNDS[name]
+        assert quality["cross_entropy_increase"] <= quality["bound"], name
+        assert quality["top1_agreement"] >= 0.9, name
+
+
+def test_dynamic_int8_gpt_is_small_and_close(tmp_path):
+    report = export.export(
+        build("gpt", **WEIGHTS_DOMINANT), tmp_path / "out", formats=["tflite_fp32", "tflite_int8_dynamic"],
+        num_examples=4, latency_runs=1, generate_tokens=4,
+    )
+    assert_small_and_bounded(report, ["tflite_int8_dynamic"])
+    # Quantized files generate too; their agreement with Keras is reported, not required.
+    int8 = report["artifacts"]["tflite_int8_dynamic"]
+    assert "decode" in int8["signatures"] and 0 <= int8["generation"]["token_agreement"] <= 1
+
+
+def test_fp16_and_full_integer_int8_bert(tmp_path):
+    report = export.export(
+        build("bert_classifier", **WEIGHTS_DOMINANT), tmp_path / "out",
+        formats=["tflite_fp32", "tflite_fp16", "tflite_int8"], num_examples=4, num_representative=8, latency_runs=1,
+    )
+    assert_small_and_bounded(report, ["tflite_int8"])
+    activations = report["artifacts"]["tflite_int8"]["activation_types"]
+    assert activations["INT8"] > activations.get("FLOAT32", 0)  # int8 compute, float interface only
+    fp16 = report["artifacts"]["tflite_fp16"]
+    assert fp16["size_bytes"] <= 0.55 * report["artifacts"]["tflite_fp32"]["size_bytes"]
+    assert fp16["quality"]["cross_entropy_increase"] <= export.QUALITY_BOUNDS["tflite_fp16"]
+
+
+def test_a_quality_loss_beyond_the_bound_fails_and_writes_nothing(tmp_path):
+    with pytest.raises(export.ExportError, match="tflite_int8_dynamic: the held-out cross-entropy rises"):
+        export.export(
+            build("bert_classifier"), tmp_path / "out", formats=["tflite_fp32", "tflite_int8_dynamic"],
+            quality_bounds={"tflite_int8_dynamic": -1.0}, num_examples=2, latency_runs=1,
+        )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_float32_difference_beyond_the_tolerance_fails_and_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(export.verification, "FP32_TOLERANCE", -1.0)
+    with pytest.raises(export.ExportError, match="tflite_fp32: max \\|logit difference\\| from Keras is .* at length 1"):
+        export.export(build("bert_classifier"), tmp_path / "out", formats=["tflite_fp32"], num_examples=2, latency_runs=1)
+    assert list(tmp_path.iterdir()) == []
