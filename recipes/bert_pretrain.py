@@ -1,0 +1,147 @@
+"""BERT masked-language-model pretraining on the English text of kzoo's shipped corpora.
+
+    python recipes/bert_pretrain.py           # bert_tiny; then bert_classify.py / bert_tag.py --pretrained runs/bert_pretrain
+    python recipes/bert_pretrain.py --quick   # a smoke run
+
+Gathers the unlabelled text of the training splits of `--datasets` (labels are dropped; no
+validation or test text is read, so the fine-tuning recipes evaluate on text this model
+never saw), fits an uncased WordPiece vocabulary on it, and trains `kzoo.models.BertMaskedLM`
+with BERT's masking (15% of the tokens: 80% [MASK], 10% random, 10% kept;
+`kzoo.data.masked_lm_batches`). A seeded 2% of the texts is held out to validate on.
+
+Saves `model.keras` and the tokenizer (`tokenizer.json`, `vocabulary.txt`) into the output
+folder; `--pretrained` of the fine-tuning recipes reads that folder.
+"""
+
+import _common
+import keras
+import tensorflow as tf
+
+import kzoo
+import kzoo.data
+
+# The English text of each corpus: the features holding it.
+TEXT_FEATURES = {
+    "kzoo_rt_polarity": "text",
+    "kzoo_sentiment_sentences": "text",
+    "kzoo_ud_english_ewt": "text",
+    "kzoo_wnut17": "tokens",
+    "kzoo_scitldr": "source",
+    "kzoo_spa_eng": "english",
+}
+DEFAULTS = dict(
+    preset="bert_tiny",
+    steps=None,
+    epochs=3,
+    batch_size=64,
+    learning_rate=5e-4,
+    datasets=",".join(TEXT_FEATURES),
+    sequence_length=64,
+    max_sequence_length=128,
+    **_common.VOCABULARY_DEFAULTS,
+    max_texts=None,
+)
+QUICK = dict(epochs=2, steps=20, batch_size=16, **_common.VOCABULARY_QUICK, datasets="kzoo_rt_polarity", max_texts=2000)
+VALIDATION_FRACTION = 0.02
+
+
+def add_arguments(parser):
+    parser.add_argument("--datasets", help="comma-separated kzoo datasets whose training text to use")
+    parser.add_argument("--sequence-length", type=int, help="tokens per example, [CLS] and [SEP] included")
+    parser.add_argument(
+        "--max-sequence-length", type=int, help="positions of the backbone: the longest input fine-tuning can use"
+    )
+    _common.add_vocabulary_arguments(parser)
+    parser.add_argument("--max-texts", type=int, help="use only this many texts, a seeded sample (default: all)")
+
+
+def main(argv=None):
+    args = _common.parse_args(argv, __file__, __doc__, DEFAULTS, QUICK, add_arguments)
+    run = _common.start(args)
+    texts = corpus_texts(args)
+    splits = kzoo.data.seeded_split(texts, {"train": 1 - VALIDATION_FRACTION, "validation": VALIDATION_FRACTION}, args.seed)
+    print(f"{len(splits['train']):,} training and {len(splits['validation']):,} validation texts.")
+    tokenizer = _common.word_piece_tokenizer(args, splits["train"], lowercase=True)
+
+    def batches(split, **shuffle):
+        texts = tf.data.Dataset.from_tensor_slices(splits[split])
+        return kzoo.data.masked_lm_batches(
+            texts, tokenizer, args.sequence_length, args.batch_size, seed=args.seed, **shuffle
+        )
+
+    train = batches("train", shuffle_buffer_size=len(splits["train"]))
+    validation = batches("validation")
+    steps_per_epoch = _common.steps_per_epoch(args, -(-len(splits["train"]) // args.batch_size))
+    with run.scope():
+        backbone = kzoo.models.BertBackbone.from_preset(
+            args.preset,
+            vocabulary_size=tokenizer.vocabulary_size(),
+            max_sequence_length=max(args.max_sequence_length, args.sequence_length),
+        )
+        model = kzoo.models.BertMaskedLM(backbone)
+        _common.compile_task(model, args, steps_per_epoch, run.jit_compile)
+    history = run.fit(model, train.repeat(), steps_per_epoch, validation_data=validation)
+
+    model.save(run.path(_common.MODEL_FILE))
+    kzoo.data.save_tokenizer(tokenizer, run.output_dir)
+    metrics = {
+        "validation_masked_accuracy": history["val_accuracy"][-1],
+        "validation_masked_perplexity": history["val_perplexity"][-1],
+        "training_loss": history["loss"][-1],
+        "texts": len(texts),
+        "vocabulary_size": tokenizer.vocabulary_size(),
+        "parameters": model.count_params(),
+    }
+    return run.finish({args.preset: history}, metrics, steps_per_epoch)
+
+
+def corpus_texts(args):
+    """The training text of every dataset in `--datasets`, as a list of strings."""
+    names = args.datasets.split(",")
+    unknown = sorted(set(names) - set(TEXT_FEATURES))
+    if unknown:
+        args.parser.error(f"--datasets: no English text known for {unknown}; choose from {sorted(TEXT_FEATURES)}.")
+    texts = []
+    for name in names:
+        feature = TEXT_FEATURES[name]
+        dataset = _common.load(args, name, "train")
+        if dataset.element_spec[feature].shape.rank:  # Token lists (WNUT-17): joined back into a sentence.
+            dataset = dataset.map(lambda example: tf.strings.reduce_join(example[feature], separator=" "))
+        else:
+            dataset = dataset.map(lambda example: example[feature])
+        texts += _common.strings(dataset)
+    if args.max_texts is not None and args.max_texts < len(texts):
+        texts = kzoo.data.seeded_split(texts, {"sample": 1.0}, args.seed)["sample"][: args.max_texts]
+    return texts
+
+
+def backbone_and_tokenizer(args, run, texts, lowercase=True):
+    """The backbone and tokenizer a fine-tuning recipe starts from.
+
+    With `--pretrained DIR`: those of the `bert_pretrain.py` run in DIR. Otherwise a new
+    `--preset` backbone and a WordPiece vocabulary of `--vocabulary-size` fitted on `texts`
+    (the fine-tuning training text).
+    """
+    if args.pretrained:
+        try:
+            with run.scope():
+                backbone = keras.saving.load_model(f"{args.pretrained}/{_common.MODEL_FILE}", compile=False).backbone
+            tokenizer = kzoo.data.load_tokenizer(args.pretrained)
+        except (OSError, ValueError) as error:
+            args.parser.error(f"--pretrained {args.pretrained} is not a bert_pretrain.py output folder: {error}")
+        if args.sequence_length > backbone.max_sequence_length:
+            args.parser.error(
+                f"--sequence-length {args.sequence_length} exceeds the pretrained backbone's "
+                f"{backbone.max_sequence_length} positions."
+            )
+        return backbone, tokenizer
+    tokenizer = _common.word_piece_tokenizer(args, texts, lowercase)
+    with run.scope():
+        backbone = kzoo.models.BertBackbone.from_preset(
+            args.preset, vocabulary_size=tokenizer.vocabulary_size(), max_sequence_length=args.sequence_length
+        )
+    return backbone, tokenizer
+
+
+if __name__ == "__main__":
+    main()

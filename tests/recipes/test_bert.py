@@ -1,0 +1,69 @@
+"""bert_pretrain.py, then bert_classify.py and bert_tag.py from scratch and from its output."""
+
+import json
+
+import bert_classify
+import bert_pretrain
+import bert_tag
+import pytest
+
+from tests.recipes.conftest import check_run_files
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory, tfds_dir):
+    """One quick bert_pretrain.py run shared by the fine-tuning tests."""
+    output_dir = tmp_path_factory.mktemp("bert_pretrain")
+    bert_pretrain.main(["--quick", "--output-dir", str(output_dir), "--tfds-dir", str(tfds_dir)])
+    return output_dir
+
+
+def test_pretrain_writes_a_masked_lm_and_its_tokenizer(pretrained):
+    check_run_files(pretrained)
+    record = json.loads((pretrained / "metrics.json").read_text())
+    assert record["metrics"]["texts"] == bert_pretrain.QUICK["max_texts"]
+    assert (pretrained / "model.keras").is_file() and (pretrained / "vocabulary.txt").is_file()
+
+
+def test_classify_from_scratch_beside_the_bag_of_words_baseline(run_recipe):
+    output_dir, record = run_recipe(bert_classify)
+    check_run_files(output_dir, model_dirs=["bert", "bag_of_words"])
+    metrics = record["metrics"]
+    assert metrics["bert_initialization"] == "random"
+    assert 0 <= metrics["bert_test_accuracy"] <= 1 and 0 <= metrics["bag_of_words_test_accuracy"] <= 1
+
+
+def test_tag_named_entities_from_the_pretrained_backbone(run_recipe, pretrained):
+    output_dir, record = run_recipe(bert_tag, "--tasks", "ner", "--pretrained", str(pretrained))
+    check_run_files(output_dir, model_dirs=["ner"])
+    metrics = record["metrics"]
+    for split in ("validation", "test"):
+        assert 0 <= metrics[f"ner_{split}_entity_f1"] <= 1
+    assert (output_dir / "ner" / "model.keras").is_file()
+
+
+@pytest.mark.parametrize(
+    "recipe, flags, message",
+    [
+        (bert_classify, ["--pretrained", "/nonexistent/run"], "is not a bert_pretrain.py output folder"),
+        (bert_tag, ["--tasks", "upos,chunking"], "Unknown --tasks ['chunking']"),
+        (bert_pretrain, ["--datasets", "kzoo_rt_polarity,imdb_reviews"], "no English text known for ['imdb_reviews']"),
+    ],
+)
+def test_bad_input_exits_with_a_clear_message(recipe, flags, message, run_recipe, capsys):
+    with pytest.raises(SystemExit):
+        run_recipe(recipe, *flags)
+    assert message in capsys.readouterr().err
+
+
+def test_bio_entities_follow_conlleval():
+    tags = ["B-person", "I-person", "O", "I-location", "B-location", "I-group", "I-group"]
+    assert bert_tag.bio_entities(tags) == [(0, 2, "person"), (3, 4, "location"), (4, 5, "location"), (5, 7, "group")]
+
+
+def test_entity_scores_need_span_and_type():
+    names = ("O", "B-person", "I-person", "B-location", "I-location")
+    gold = [[1, 2, 0, 3], [3, 4]]
+    predicted = [[1, 2, 0, 1], [3]]  # Right, wrong type, cut short (the rest counts as "O").
+    scores = bert_tag.entity_scores(gold, predicted, names)
+    assert scores == pytest.approx({"precision": 1 / 3, "recall": 1 / 3, "f1": 1 / 3})
