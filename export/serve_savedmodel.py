@@ -2,12 +2,18 @@
 
     python export/serve_savedmodel.py DIR/savedmodel --token-ids 72,105,33
         [--segment-ids ...] [--encoder-token-ids 10,11,12] [--max-length 32] [--stop-token-ids 6]
+    python export/serve_savedmodel.py DIR/savedmodel --text "ROMEO:" [--max-new-tokens 32]
 
 Runs `serving_default` on one sequence (its padding mask all ones) and prints the output
 (the next-token argmax for language models, class probabilities, or tags). When the
 SavedModel has a `generate` signature (GPT, seq2seq) it also generates greedily up to
 `--max-length` tokens and prints the ids. For a seq2seq model `--token-ids` is the decoder
 prompt (e.g. the [BOS] id) and `--encoder-token-ids` the source.
+
+With `--text`, a model exported with its tokenizer takes the raw string instead: its
+`classify_text` signature prints the class probabilities, its `generate_text` signature the
+generated text. A WordPiece tokenizer's ops come from `tensorflow_text` (installed with
+keras-hub), imported here before loading.
 """
 
 import argparse
@@ -17,6 +23,11 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf  # noqa: E402
+
+try:
+    import tensorflow_text  # noqa: E402, F401 (registers the WordPiece ops of a text signature)
+except ImportError:
+    tensorflow_text = None
 from serving_example import describe  # noqa: E402
 from serving_example import ids  # noqa: E402
 from serving_example import serving_inputs  # noqa: E402
@@ -39,18 +50,39 @@ def generate(signature, prompt, max_length, stop_token_ids, encoder_token_ids):
     return outputs["token_ids"].numpy()[0][keep].tolist()
 
 
+def serve_text(loaded, text, max_new_tokens, stop_token_ids):
+    """Prints what the text signature gives for one string."""
+    if "classify_text" in loaded.signatures:
+        outputs = loaded.signatures["classify_text"](text=tf.constant([text]))
+        print("class probabilities:", [round(float(p), 4) for p in outputs["probabilities"].numpy()[0]])
+        return
+    if "generate_text" not in loaded.signatures:
+        raise SystemExit("This SavedModel has no text signature: export the model with its tokenizer beside it.")
+    signature = loaded.signatures["generate_text"]
+    arguments = {"text": tf.constant([text]), "max_new_tokens": tf.constant(max_new_tokens)}
+    if "stop_token_ids" in signature.structured_input_signature[1]:
+        arguments["stop_token_ids"] = tf.constant(stop_token_ids, tf.int32)
+    print("generated text:", repr(signature(**arguments)["text"].numpy()[0].decode()))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("savedmodel", help="the savedmodel folder written by export/export.py")
-    parser.add_argument("--token-ids", type=ids, required=True, help="comma-separated ids (seq2seq: the decoder prompt)")
+    inputs = parser.add_mutually_exclusive_group(required=True)
+    inputs.add_argument("--token-ids", type=ids, help="comma-separated ids (seq2seq: the decoder prompt)")
+    inputs.add_argument("--text", help="a raw string, for a model exported with its tokenizer")
     parser.add_argument("--segment-ids", type=ids, help="BERT segment ids (default: all 0)")
     parser.add_argument("--encoder-token-ids", type=ids, help="seq2seq: the source ids")
     parser.add_argument("--max-length", type=int, default=32, help="generation: total length (default: 32)")
     parser.add_argument("--stop-token-ids", type=ids, default=[], help="generation: ids that end it")
+    parser.add_argument("--max-new-tokens", type=int, default=32, help="--text generation: new tokens (default: 32)")
     args = parser.parse_args(argv)
 
     loaded = tf.saved_model.load(args.savedmodel)
     print("signatures:", sorted(loaded.signatures))
+    if args.text is not None:
+        serve_text(loaded, args.text, args.max_new_tokens, args.stop_token_ids)
+        return 0
     serving = loaded.signatures["serving_default"]
     names = serving.structured_input_signature[1]
     inputs = serving_inputs(names, args.token_ids, args.segment_ids, args.encoder_token_ids)

@@ -5,7 +5,8 @@ is moved into place only when every check passed:
 
 - `savedmodel/`: signatures `serving_default` (logits / class probabilities / tags, dynamic
   batch and length) and, for `GPTCausalLM` and `Seq2SeqTransformer`, `generate` (greedy, a
-  compiled loop over the KV cache), each variable stored once;
+  compiled loop over the KV cache), each variable stored once; with the model's tokenizer
+  saved beside it, `classify_text` (classifiers) or `generate_text` (GPT, seq2seq) on raw strings;
 - `model_fp32.tflite`, `model_fp16.tflite`, `model_int8_dynamic.tflite`: builtin ops only,
   with `prefill`/`decode` signatures (the KV cache as explicit state) for generation, and on
   request the full integer `model_int8.tflite`, calibrated on representative data;

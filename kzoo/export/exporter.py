@@ -74,15 +74,17 @@ def export(
     """Exports a kzoo model for serving and verifies every file against the Keras model.
 
     Writes into `output_dir`: `savedmodel/` (signatures `serving_default` and,
-    for GPTCausalLM and Seq2SeqTransformer, `generate`; see
-    `ServingSignatures`), `model_<precision>.tflite` per TFLite format
+    for GPTCausalLM and Seq2SeqTransformer, `generate`; when the model's
+    tokenizer is saved beside it, also `classify_text` or `generate_text`
+    on raw strings; see `ServingSignatures`), `model_<precision>.tflite` per TFLite format
     (builtin ops only; `prefill`/`decode` signatures for generation), and
     `export_report.json`. Each artifact is run on held-out inputs at sequence
     lengths 1, 7 and the full length and compared with the Keras model:
 
     - float32 (SavedModel, tflite_fp32): max |logit difference| <=
       `verification.FP32_TOLERANCE` (1e-4), and greedy generation equal to
-      Keras' `generate` token for token.
+      Keras' `generate` token for token; the text signature gives what the
+      Keras model gives on the same strings tokenized in Python.
     - quantized TFLite: the held-out cross-entropy may rise by at most
       `quality_bounds[format]` nats (default `verification.QUALITY_BOUNDS`).
 
@@ -105,11 +107,12 @@ def export(
             read with the model's tokenizer: calibration rows from its
             train split, held-out rows from validation (or test).
         tokenizer_dir: where `kzoo.data.save_tokenizer` wrote the model's
-            tokenizer; defaults to the `.keras` file's folder.
+            tokenizer; defaults to the `.keras` file's folder. Without a
+            tokenizer there, the SavedModel has no text signature.
         data_dir: the tensorflow-datasets folder for `representative_data`
             (`kzoo.data.load`'s `data_dir`).
         max_length: int, the full sequence length checked; defaults to the
-            model's maximum (128 for recurrent models).
+            model's maximum (128 for models without a position table).
         cache_length: int, the TFLite KV cache positions; defaults to the
             model's maximum sequence length.
         num_examples: int, held-out rows (quality metrics).
@@ -145,15 +148,15 @@ def export(
     length = _check_length(max_length, model)
     bounds = {**verification.QUALITY_BOUNDS, **(quality_bounds or {})}
 
+    tokenizer = _load_tokenizer(tokenizer_dir or (model_path.parent if model_path else None), representative_data)
     data = _export_data(
-        representative_data, model, model_path, tokenizer_dir, data_dir, task, names, length,
-        num_examples, num_representative, seed,
+        representative_data, model, tokenizer, data_dir, task, names, length, num_examples, num_representative, seed
     )
     try:
         check_cache_length(model, cache_length)
     except ValueError as error:
         raise ExportError(str(error)) from error
-    signatures = ServingSignatures(model, cache_length)
+    signatures = ServingSignatures(model, cache_length, tokenizer)
     checks = _KerasReference(model, task, names, data, length, signatures, generate_tokens)
 
     staging = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", suffix=".partial", dir=output_dir.parent))
@@ -280,19 +283,26 @@ def _check_length(max_length, model):
     return length
 
 
-def _export_data(
-    name, model, model_path, tokenizer_dir, data_dir, task, names, length, num_examples, num_representative, seed
-):
+def _load_tokenizer(directory, representative_data):
+    """The tokenizer saved beside the model (`kzoo.data.save_tokenizer`), or None if there is
+    none; a named `representative_data` set cannot be read without it."""
+    from kzoo.data import load_tokenizer  # kzoo.data imports tensorflow-datasets: only here
+
+    try:
+        if directory is None:
+            raise FileNotFoundError("a model passed as an object has no folder; pass `tokenizer_dir`")
+        return load_tokenizer(directory)
+    except FileNotFoundError as error:
+        if representative_data is None:
+            return None
+        raise ExportError(f"Representative data {representative_data!r} needs the model's tokenizer: {error}") from error
+
+
+def _export_data(name, model, tokenizer, data_dir, task, names, length, num_examples, num_representative, seed):
     vocabulary_size = vocabulary_size_of(model)
     if name is None:
         return export_data.synthetic_data(names, vocabulary_size, length, num_examples, num_representative, seed)
-    directory = tokenizer_dir or (model_path.parent if model_path else None)
-    if directory is None:
-        raise ExportError("Representative data from a dataset needs `tokenizer_dir` (the model's tokenizer).")
-    from kzoo.data import load_tokenizer
-
     try:
-        tokenizer = load_tokenizer(directory)
         return export_data.dataset_data(
             name, tokenizer, task, names, vocabulary_size, length, num_examples, num_representative, seed, data_dir
         )
@@ -314,6 +324,7 @@ class _KerasReference:
         self.quality = verification.quality(self.full_logits, self.targets, data.sample_weight)
         self.batch_one = {name: value[:1] for name, value in data.held_out.items()}
         self.generation = _generation_cases(model, task, data, signatures, generate_tokens) if signatures.generates else None
+        self.text = _text_cases(model, task, data, signatures, generate_tokens) if signatures.text_signature else None
 
     def predict(self, inputs):
         return keras.ops.convert_to_numpy(call_model(self.model, self.names, inputs))
@@ -339,6 +350,40 @@ def _generation_cases(model, task, data, signatures, generate_tokens):
         [source.tolist() for source in sources], start_token_id, max_length=max_length, jit_compile=False
     )
     return {"prompts": prompts, "sources": sources, "max_length": max_length, "reference": reference}
+
+
+def _text_cases(model, task, data, signatures, generate_tokens):
+    """Raw strings for the text signature (the first held-out rows, detokenized) and what the
+    Keras model gives for them, tokenized and decoded in Python: probabilities, or text."""
+    from kzoo.data import classification_batches
+
+    tokenizer = signatures.tokenizer
+    rows = data.held_out["encoder_token_ids" if task == "seq2seq" else "token_ids"][:2]
+    texts = [_decode(tokenizer.detokenize(row[row != 0][: verification.SHORT_LENGTH])) for row in rows]
+    case = {"texts": texts, "max_new_tokens": generate_tokens}
+    if task == "classifier":
+        examples = tf.data.Dataset.from_tensor_slices((texts, [0] * len(texts)))
+        x, _ = next(iter(classification_batches(examples, tokenizer, max_length_of(model), len(texts))))
+        logits = call_model(model, input_names(model), {name: np.asarray(value).astype(np.int32) for name, value in x.items()})
+        case["probabilities"] = keras.ops.convert_to_numpy(keras.ops.softmax(logits, axis=-1))
+        return case
+    prompts = [np.asarray(tokenizer(text)).tolist() for text in texts]
+    limit = max_length_of(model)
+    if task == "causal_lm":
+        length = min(max(map(len, prompts)) + generate_tokens, limit)
+        outputs = model.generate(prompts, max_length=length, jit_compile=False)
+    else:
+        from kzoo.data.tokenizers import BOS_ID, EOS_ID
+
+        sources = [prompt[:limit] for prompt in prompts]
+        outputs = model.generate(sources, BOS_ID, max_length=min(1 + generate_tokens, limit), stop_token_ids=[EOS_ID], jit_compile=False)
+        outputs = [[token for token in tokens if token not in (BOS_ID, EOS_ID)] for tokens in outputs]
+    case["text"] = [_decode(tokenizer.detokenize(tokens)) for tokens in outputs]
+    return case
+
+
+def _decode(text):
+    return text.numpy().decode() if hasattr(text, "numpy") else str(text)
 
 
 class _Context:
@@ -392,6 +437,8 @@ def _export_savedmodel(context, model_for_comparison):
     }
     if checks.generation:
         record["generation"] = _savedmodel_generation(loaded.signatures["generate"], checks)
+    if checks.text:
+        record["text"] = _savedmodel_text(loaded.signatures[context.signatures.text_signature], checks.text)
     if model_for_comparison is not None:
         with tempfile.TemporaryDirectory(dir=context.staging.parent) as keras_export:
             model_for_comparison.export(keras_export, format="tf_saved_model", verbose=False)
@@ -418,6 +465,21 @@ def _savedmodel_generation(generate, checks):
     ids, mask = outputs["token_ids"].numpy(), outputs["padding_mask"].numpy().astype(bool)
     generated = [row[keep].tolist() for row, keep in zip(ids, mask)]
     return verification.compare_generations(generated, case["reference"], [len(p) for p in case["prompts"]])
+
+
+def _savedmodel_text(signature, case):
+    """The text signature on the case's strings against the Keras model: `{"signature", "texts",
+    "matches_keras"}` plus the max probability difference (classifiers) or both texts."""
+    texts = tf.constant(case["texts"])
+    if "probabilities" in case:
+        outputs = signature(text=texts)
+        difference = verification.max_abs_diff(outputs["probabilities"].numpy(), case["probabilities"])
+        return {"texts": case["texts"], "max_abs_diff": difference, "matches_keras": difference <= verification.FP32_TOLERANCE}
+    arguments = {"text": texts, "max_new_tokens": tf.constant(case["max_new_tokens"])}
+    if "stop_token_ids" in signature.structured_input_signature[1]:
+        arguments["stop_token_ids"] = tf.constant([], tf.int32)
+    generated = [_decode(text) for text in signature(**arguments)["text"]]
+    return {"texts": case["texts"], "generated": generated, "keras": case["text"], "matches_keras": generated == case["text"]}
 
 
 def _export_tflite(context, tflite_format):
@@ -505,6 +567,9 @@ def _failures(name, record):
                 f"{name}: greedy generation differs from Keras "
                 f"({generation['token_agreement']:.0%} of the generated tokens agree)."
             )
+        text = record.get("text")
+        if text and not text["matches_keras"]:
+            failures.append(f"{name}: the text signature on raw strings differs from Keras: {text}")
     elif not quality["cross_entropy_increase"] <= quality["bound"]:
         failures.append(
             f"{name}: the held-out cross-entropy rises by {quality['cross_entropy_increase']:.4f} nats over Keras "

@@ -19,6 +19,9 @@ TASKS = {
     models.BiLSTMTagger: "tagger",
 }
 
+# The signature that takes raw strings, per task, when the model carries a tokenizer.
+TEXT_SIGNATURES = {"classifier": "classify_text", "causal_lm": "generate_text", "seq2seq": "generate_text"}
+
 # Keras' recurrent layers lower to a TFLite WHILE loop only with a static
 # batch, so their TFLite `serving_default` takes batch 1.
 RECURRENT = (models.RNNLanguageModel, models.BiLSTMClassifier, models.BiLSTMTagger)
@@ -92,6 +95,23 @@ class ServingSignatures:
       the mask 1 on prompt and generated tokens (a row stops after a stop
       token). Every row needs at least one prompt token.
 
+    With a `tokenizer` (the keras-hub tokenizer saved beside the model), one
+    more signature takes raw strings `text` `(B,)` and tokenizes inside the
+    graph (a WordPiece tokenizer's ops come from `tensorflow_text`, which a
+    server imports before loading):
+
+    - `classify_text` (classifiers): `[CLS] tokens [SEP]`, cut to the
+      model's maximum length, as `kzoo.data.classification_batches` packs
+      them; returns `logits`, `probabilities` and the argmax `label`.
+    - `generate_text` (GPTCausalLM): continues each prompt greedily by up to
+      `max_new_tokens` (scalar int32) tokens within the model's maximum
+      length, stopping a row at any of `stop_token_ids`; returns `text`, the
+      prompt and its continuation.
+    - `generate_text` (Seq2SeqTransformer): the decoder starts from `[BOS]`
+      and stops at `[EOS]` (kzoo's WordPiece ids, as `kzoo.data.seq2seq_batches`
+      trains) after at most `max_new_tokens`; returns `text`, the output
+      without `[BOS]`/`[EOS]`.
+
     TFLite adds, for the generating models, `prefill` and `decode` with the
     KV cache as explicit fixed-size state, batch 1: `prefill` runs the prompt
     (`token_ids` `(1, P)`, seq2seq: `encoder_token_ids` `(1, S)` and
@@ -107,19 +127,24 @@ class ServingSignatures:
         model: a kzoo task model (see `TASKS`).
         cache_length: int, the positions of the TFLite KV cache; defaults to
             the model's maximum sequence length.
+        tokenizer: None, or the model's keras-hub tokenizer, for the
+            signature that takes raw strings (`TEXT_SIGNATURES`).
 
     Example:
     >>> signatures = ServingSignatures(keras.saving.load_model("lm.keras"))
     >>> signatures.save("lm_savedmodel")
     """
 
-    def __init__(self, model, cache_length=None):
+    def __init__(self, model, cache_length=None, tokenizer=None):
         self.task = task_of(model)
         self.input_names = input_names(model)
         # The token table is also the output projection (GPT, tied seq2seq, BERT MLM).
         self.tied_embeddings = any(isinstance(layer, TiedLogits) for layer in model.layers)
         self.cache_length = check_cache_length(model, cache_length)
         self._functions = _signature_functions(model, self.task, self.input_names, self.cache_length)
+        self.tokenizer = tokenizer if self.task in TEXT_SIGNATURES else None
+        if self.tokenizer is not None:
+            self._functions[self.text_signature] = _text_function(model, self.task, self.input_names, self._functions, tokenizer)
         self.variables = _captured_variables(
             [function.get_concrete_function() for function in self._functions.values()]
         )
@@ -129,19 +154,28 @@ class ServingSignatures:
         """Whether the model has `generate`, `prefill` and `decode` signatures."""
         return "generate" in self._functions
 
+    @property
+    def text_signature(self):
+        """The name of the signature that takes raw strings, or None without a tokenizer."""
+        return TEXT_SIGNATURES[self.task] if self.tokenizer is not None else None
+
     def savedmodel_signatures(self):
-        """`{"serving_default": tf.function, "generate": tf.function}` (generate if any)."""
-        return {name: self._functions[name] for name in ("serving_default", "generate") if name in self._functions}
+        """`{name: tf.function}`: `serving_default`, and `generate` and the text signature if any."""
+        names = ("serving_default", "generate", self.text_signature)
+        return {name: self._functions[name] for name in names if name in self._functions}
 
     def save(self, path):
         """Writes the SavedModel of `savedmodel_signatures()` to `path`."""
         tf.saved_model.save(self.trackable(), str(path), signatures=self.savedmodel_signatures())
 
     def trackable(self):
-        """A `tf.Module` holding the variables once: what the SavedModel and
-        the TFLite converter save the signatures' captures from."""
+        """A `tf.Module` holding the variables once (and the tokenizer's
+        resources): what the SavedModel and the TFLite converter save the
+        signatures' captures from."""
         root = tf.Module(name="kzoo_serving")
         root.model_variables = list(self.variables)
+        if self.tokenizer is not None:
+            root.tokenizer = self.tokenizer
         return root
 
     def tflite_functions(self, generation=True):
@@ -319,3 +353,83 @@ def _seq2seq_generation(model, cache_length):
         return {"logits": logits[:, -1], **_flatten_cache(cache)}
 
     return {"generate": generate, "prefill": prefill, "decode": decode}
+
+
+def _text_function(model, task, names, functions, tokenizer):
+    """The signature of `task` that takes raw strings (see `ServingSignatures`)."""
+    from kzoo.data.tokenizers import BOS_ID, CLS_ID, EOS_ID, SEP_ID  # kzoo.data imports tfds: only here
+
+    max_length = max_length_of(model)
+    text_spec = tf.TensorSpec([None], tf.string, name="text")
+    new_tokens_spec = tf.TensorSpec([], tf.int32, name="max_new_tokens")
+
+    def token_ids(text):
+        ids = tokenizer(text)
+        if not isinstance(ids, tf.RaggedTensor):
+            ids = tf.RaggedTensor.from_tensor(ids, padding=0)
+        return tf.cast(ids, tf.int32)  # (B, None)
+
+    def detokenize(ids, keep):
+        return tf.reshape(tokenizer.detokenize(tf.ragged.boolean_mask(ids, keep)), [-1])
+
+    def check_new_tokens(max_new_tokens):
+        return tf.debugging.assert_positive(max_new_tokens, message="`max_new_tokens` must be >= 1.")
+
+    if task == "classifier":
+
+        @tf.function(input_signature=[text_spec])
+        def classify_text(text):
+            ids = token_ids(text)[:, : max_length - 2]
+            column = tf.ones([ids.nrows(), 1], tf.int32)
+            ids = tf.concat([column * CLS_ID, ids, column * SEP_ID], axis=1).to_tensor()  # (B, T)
+            inputs = {"token_ids": ids, "segment_ids": tf.zeros_like(ids), "padding_mask": tf.cast(ids != 0, tf.int32)}
+            logits = call_model(model, names, inputs)
+            return {
+                "logits": logits,
+                "probabilities": tf.nn.softmax(logits, axis=-1),
+                "label": tf.argmax(logits, axis=-1, output_type=tf.int32),
+            }
+
+        return classify_text
+
+    generate = functions["generate"]
+
+    if task == "causal_lm":
+        stop_spec = tf.TensorSpec([None], tf.int32, name="stop_token_ids")
+
+        @tf.function(input_signature=[text_spec, new_tokens_spec, stop_spec])
+        def generate_text(text, max_new_tokens, stop_token_ids):
+            ids = token_ids(text)
+            lengths = ids.row_lengths()
+            longest = tf.cast(tf.reduce_max(lengths), tf.int32)
+            with tf.control_dependencies([
+                check_new_tokens(max_new_tokens),
+                tf.debugging.assert_positive(lengths, message="Every prompt needs at least one token."),
+                tf.debugging.assert_less(
+                    longest, max_length, message=f"A prompt must have fewer tokens than the model's maximum length {max_length}."
+                ),
+            ]):
+                shape = tf.stack([ids.nrows(out_type=tf.int32), tf.minimum(longest + max_new_tokens, max_length)])
+            outputs = generate(
+                token_ids=ids.to_tensor(shape=shape),
+                padding_mask=tf.ones_like(ids).to_tensor(shape=shape),
+                stop_token_ids=stop_token_ids,
+            )
+            return {"text": detokenize(outputs["token_ids"], outputs["padding_mask"] > 0)}
+
+        return generate_text
+
+    @tf.function(input_signature=[text_spec, new_tokens_spec])
+    def generate_seq2seq_text(text, max_new_tokens):
+        sources = token_ids(text)[:, :max_length].to_tensor()
+        with tf.control_dependencies([check_new_tokens(max_new_tokens)]):
+            length = tf.minimum(1 + max_new_tokens, max_length)
+        starts = tf.pad(tf.fill([tf.shape(sources)[0], 1], BOS_ID), [[0, 0], [0, length - 1]])  # [BOS] 0 0 ...
+        outputs = generate(
+            encoder_token_ids=sources, decoder_token_ids=starts, stop_token_ids=tf.constant([EOS_ID])
+        )
+        ids = outputs["token_ids"]
+        keep = (outputs["padding_mask"] > 0) & (ids != BOS_ID) & (ids != EOS_ID)
+        return {"text": detokenize(ids, keep)}
+
+    return generate_seq2seq_text

@@ -78,3 +78,17 @@ def test_serve_savedmodel_without_kzoo(exported):
     assert printed(output, "signatures") == ["generate", "serving_default"]
     assert printed(output, "generated") == gpt.generate([[5, 6, 7]], max_length=12, jit_compile=False)[0]
     assert "kzoo" not in printed(output, "imported")
+
+
+def test_serve_savedmodel_takes_raw_text_when_exported_with_a_tokenizer(tmp_path):
+    from kzoo import data
+
+    model, tokenizer = build("gpt", vocabulary_size=128), data.character_tokenizer(128)
+    model.save(tmp_path / "model.keras")
+    data.save_tokenizer(tokenizer, tmp_path)
+    export.export(tmp_path / "model.keras", tmp_path / "export", formats=["savedmodel"], num_examples=2, latency_runs=1)
+
+    output = run_script("serve_savedmodel.py", tmp_path / "export" / "savedmodel", "--text", "ROMEO:", "--max-new-tokens", 5)
+    expected = model.generate([np.asarray(tokenizer("ROMEO:")).tolist()], max_new_tokens=5, jit_compile=False)[0]
+    assert re.search(r"^generated text: (.*)$", output, re.MULTILINE).group(1) == repr(tokenizer.detokenize(expected))
+    assert "kzoo" not in printed(output, "imported")
