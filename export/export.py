@@ -77,12 +77,13 @@ def summary(report):
     for name, artifact in report["artifacts"].items():
         quality = artifact["quality"]
         delta = quality.get("cross_entropy_increase")
-        generation = artifact.get("generation")
+        generation, text = artifact.get("generation"), artifact.get("text")
         lines.append(
             f"{name:20s} {artifact['size_bytes'] / 1e6:8.2f} MB  "
             f"max|diff| {max(artifact['max_abs_diff'].values()):.2e}  "
             + (f"cross-entropy {delta:+.4f} (bound {quality['bound']:g})  " if delta is not None else "")
             + (f"generation {'=' if generation['matches_keras'] else '!='} Keras  " if generation else "")
+            + (f"text signature {'=' if text['matches_keras'] else '!='} Keras  " if text else "")
             + "  ".join(f"{key} {value:.2f} ms" for key, value in artifact["latency_ms"].items())
         )
     return "\n".join(lines)
