@@ -29,6 +29,10 @@ def warmup_then_decay(learning_rate, warmup_steps=0, decay_steps=None):
     )
 
 
+# Variables (by name) the default AdamW leaves out of its weight decay.
+NO_WEIGHT_DECAY = ("bias", "gamma", "beta")
+
+
 @keras.saving.register_keras_serializable(package="kzoo")
 class Task(MultiWorkerTrainerMixin, keras.Model):
     """Base class of kzoo task models: a backbone plus a head, with training defaults.
@@ -118,7 +122,9 @@ class Task(MultiWorkerTrainerMixin, keras.Model):
             )
             # Decay pulls weights towards 0, which is wrong for a scale
             # (gamma) and pointless for shifts (beta, biases).
-            optimizer.exclude_from_weight_decay(var_names=["bias", "gamma", "beta"])
+            optimizer.exclude_from_weight_decay(var_names=NO_WEIGHT_DECAY)
+        # Keras does not serialize the exclusion; `get_compile_config` keeps it.
+        self._no_weight_decay = NO_WEIGHT_DECAY if isinstance(optimizer, keras.optimizers.AdamW) else None
         if loss == "auto":
             # The mean over weighted tokens: padding neither counts nor dilutes.
             loss = keras.losses.SparseCategoricalCrossentropy(
@@ -127,6 +133,27 @@ class Task(MultiWorkerTrainerMixin, keras.Model):
         if weighted_metrics == "auto":
             weighted_metrics = self.default_metrics()
         super().compile(optimizer=optimizer, loss=loss, weighted_metrics=weighted_metrics, **kwargs)
+
+    def get_compile_config(self):
+        config = super().get_compile_config()
+        if config is not None and getattr(self, "_no_weight_decay", None):
+            config["no_weight_decay"] = list(self._no_weight_decay)
+        return config
+
+    def compile_from_config(self, config):
+        """Restores the compile state a `.keras` file saved: the stored optimizer
+        (its variables are then loaded too, so training continues where it was)
+        with the variables it leaves undecayed, loss and metrics, not the
+        defaults. Keras skips this for a subclass that overrides `compile`
+        unless the subclass defines it."""
+        config = dict(config)
+        no_weight_decay = config.pop("no_weight_decay", None)
+        self.compile(**keras.saving.deserialize_keras_object(config))
+        if no_weight_decay:
+            self.optimizer.exclude_from_weight_decay(var_names=no_weight_decay)
+            self._no_weight_decay = no_weight_decay
+        if self.built:
+            self.optimizer.build(self.trainable_variables)
 
     def get_config(self):
         # Not chained to keras.Model: a task is rebuilt from its constructor

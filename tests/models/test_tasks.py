@@ -1,5 +1,7 @@
 """Behaviour every task model shares: saving, training, gradients, precision."""
 
+import warnings
+
 import keras
 import numpy as np
 import pytest
@@ -96,3 +98,24 @@ def test_compile_defaults():
     assert set(metrics) == {"loss", "accuracy", "perplexity"}
     # Perplexity is exp of the loss: both average over the real tokens only.
     np.testing.assert_allclose(metrics["perplexity"], np.exp(metrics["loss"]), rtol=1e-5)
+
+
+def test_a_reloaded_model_continues_training_from_its_saved_optimizer_state(tmp_path):
+    model, x, y, sample_weight = task_batch("GPTCausalLM")
+    model.compile(learning_rate=1e-2, warmup_steps=5, decay_steps=50)
+    model.fit(x, y, sample_weight=sample_weight, epochs=3, verbose=0)
+    model.save(tmp_path / "model.keras")
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        reloaded = keras.saving.load_model(tmp_path / "model.keras")
+    assert not [w for w in caught if "compile()" in str(w.message)]  # Keras restored the compile state
+    assert int(reloaded.optimizer.iterations) == 3  # the warmup/decay schedule goes on from step 3
+    for original, restored in zip(model.optimizer.variables, reloaded.optimizer.variables):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(original), keras.ops.convert_to_numpy(restored))
+
+    # One more step from each gives the same weights: Adam's moments came back too.
+    for m in (model, reloaded):
+        m.fit(x, y, sample_weight=sample_weight, epochs=1, verbose=0)
+    for a, b in zip(model.weights, reloaded.weights):
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b), atol=1e-6)
