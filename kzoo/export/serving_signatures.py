@@ -12,6 +12,7 @@ TASKS = {
     models.GPTCausalLM: "causal_lm",
     models.Seq2SeqTransformer: "seq2seq",
     models.RNNLanguageModel: "lm",
+    models.FeedForwardLanguageModel: "lm",
     models.BertMaskedLM: "lm",
     models.BertClassifier: "classifier",
     models.BiLSTMClassifier: "classifier",
@@ -26,7 +27,8 @@ TEXT_SIGNATURES = {"classifier": "classify_text", "causal_lm": "generate_text", 
 # batch, so their TFLite `serving_default` takes batch 1.
 RECURRENT = (models.RNNLanguageModel, models.BiLSTMClassifier, models.BiLSTMTagger)
 
-# The length checked as "full" for models without a position table (RNNs).
+# The length checked as "full" for models without a position table (RNNs, the
+# feed-forward LM).
 DEFAULT_MAX_LENGTH = 128
 
 

@@ -23,3 +23,4 @@ from kzoo.models.seq2seq import Seq2SeqTransformer
 from kzoo.models.rnn import BiLSTMClassifier
 from kzoo.models.rnn import BiLSTMTagger
 from kzoo.models.rnn import RNNLanguageModel
+from kzoo.models.feed_forward import FeedForwardLanguageModel

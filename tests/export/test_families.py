@@ -16,7 +16,9 @@ from tests.export.tiny_models import build
 from tests.export.tiny_models import inputs
 
 LENGTHS = (1, 7, MAX_LENGTH)
-FAMILIES = ("gpt", "bert_classifier", "bert_tagger", "bert_masked_lm", "seq2seq", "rnn_lm", "bilstm_classifier")
+FAMILIES = (
+    "gpt", "bert_classifier", "bert_tagger", "bert_masked_lm", "seq2seq", "rnn_lm", "feed_forward_lm", "bilstm_classifier"
+)
 
 
 @pytest.fixture(scope="module")

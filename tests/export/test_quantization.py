@@ -3,7 +3,9 @@
 import pytest
 
 from kzoo import export
+from kzoo import models
 from tests.export.tiny_models import build
+from tests.export.tiny_models import redraw
 
 # Large enough that the weights, not the graph, make up the file (as in any real model).
 WEIGHTS_DOMINANT = dict(vocabulary_size=4000, hidden_dim=128, intermediate_dim=512)
@@ -58,3 +60,16 @@ def test_a_float32_difference_beyond_the_tolerance_fails_and_writes_nothing(tmp_
     with pytest.raises(export.ExportError, match="tflite_fp32: max \\|logit difference\\| from Keras is .* at length 1"):
         export.export(build("bert_classifier"), tmp_path / "out", formats=["tflite_fp32"], num_examples=2, latency_runs=1)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_full_integer_int8_feed_forward_lm(tmp_path):
+    # Unlike the recurrent models, the feed-forward LM has no WHILE loop to stop the calibrator.
+    model = redraw(models.FeedForwardLanguageModel(4000, window_size=3, embedding_dim=64, hidden_dim=128))
+    report = export.export(
+        model, tmp_path / "out", formats=["tflite_fp32", "tflite_int8"], num_examples=4, num_representative=8,
+        latency_runs=1,
+    )
+    int8 = report["artifacts"]["tflite_int8"]
+    assert int8["size_bytes"] <= 0.3 * report["artifacts"]["tflite_fp32"]["size_bytes"]
+    assert int8["quality"]["cross_entropy_increase"] <= export.QUALITY_BOUNDS["tflite_int8"]
+    assert int8["activation_types"]["INT8"] > int8["activation_types"].get("FLOAT32", 0)

@@ -12,7 +12,7 @@ TRANSFORMER = dict(num_heads=2, hidden_dim=16, intermediate_dim=32, max_sequence
 
 def build(family, vocabulary_size=VOCABULARY_SIZE, **transformer):
     """A tiny model of `family` ("gpt", "bert_classifier", "bert_tagger", "bert_masked_lm",
-    "seq2seq", "rnn_lm", "bilstm_classifier"), every matrix drawn anew (see `redraw`)."""
+    "seq2seq", "rnn_lm", "feed_forward_lm", "bilstm_classifier"), every matrix drawn anew (see `redraw`)."""
     return redraw(_build(family, vocabulary_size, **transformer))
 
 
@@ -47,6 +47,8 @@ def _build(family, vocabulary_size, **transformer):
         return models.Seq2SeqTransformer(models.Seq2SeqBackbone(num_encoder_layers=2, num_decoder_layers=2, **config))
     if family == "rnn_lm":
         return models.RNNLanguageModel(vocabulary_size, embedding_dim=16, hidden_dim=16)
+    if family == "feed_forward_lm":
+        return models.FeedForwardLanguageModel(vocabulary_size, window_size=3, embedding_dim=8, hidden_dim=16)
     if family == "bilstm_classifier":
         return models.BiLSTMClassifier(vocabulary_size, num_classes=3, embedding_dim=16, hidden_dim=16)
     raise ValueError(family)

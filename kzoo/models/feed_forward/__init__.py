@@ -1,0 +1,2 @@
+from kzoo.models.feed_forward.context_window import ContextWindow
+from kzoo.models.feed_forward.feed_forward_language_model import FeedForwardLanguageModel
