@@ -4,8 +4,8 @@
   tensorflow-datasets catalog dataset, as a `tf.data.Dataset`.
 - `kzoo.data.corpora`: the same corpora as plain Python splits (`read_spa_eng`, ...).
 - `kzoo.data.tokenizers`: keras-hub character and WordPiece tokenizers, kzoo's special tokens.
-- `kzoo.data.pipelines`: batches for language modelling, masked LM, classification, tagging
-  and seq2seq.
+- `kzoo.data.pipelines`: batches for language modelling, masked LM, classification, tagging,
+  seq2seq and conditional (decoder-only) translation.
 
 Example:
 >>> pairs = load("kzoo_spa_eng", "train", data_dir="/tmp/tfds", as_supervised=True)
@@ -17,6 +17,8 @@ from kzoo.data.builders import load
 from kzoo.data.corpora import corpus_dir
 from kzoo.data.corpora import seeded_split
 from kzoo.data.pipelines import classification_batches
+from kzoo.data.pipelines import conditional_lm_batches
+from kzoo.data.pipelines import conditional_lm_prompts
 from kzoo.data.pipelines import lm_windows
 from kzoo.data.pipelines import masked_lm_batches
 from kzoo.data.pipelines import seq2seq_batches

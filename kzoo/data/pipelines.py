@@ -2,9 +2,9 @@
 
 A tokenizer is any callable mapping a string tensor of shape `[n]` to token ids of shape
 `[n, None]`, ragged, or dense with trailing padding 0 (every keras-hub tokenizer does this); the
-pipelines call it inside tf.data. The padding id is 0 (`PAD_ID`); the start, end and mask ids
-default to kzoo's WordPiece layout (see `kzoo.data.tokenizers`); pass others for another
-vocabulary. Sequences longer than `sequence_length` are truncated.
+pipelines call it inside tf.data. The padding id is 0 (`PAD_ID`); the start, end, separator and
+mask ids default to kzoo's WordPiece layout (see `kzoo.data.tokenizers`); pass others for
+another vocabulary. Sequences longer than `sequence_length` are truncated.
 
 The text pipelines tokenize in parallel with the order kept, cache the tokenized examples in
 memory (`cache=True`), shuffle when `shuffle_buffer_size` is given, batch and prefetch;
@@ -403,6 +403,143 @@ def seq2seq_batches(
             drop_remainder=drop_remainder,
         )
     return dataset.prefetch(_AUTOTUNE)
+
+
+def conditional_lm_batches(
+    pairs,
+    tokenizer,
+    sequence_length,
+    batch_size,
+    *,
+    separator_token_id=SEP_ID,
+    end_token_id=EOS_ID,
+    bucket_boundaries=None,
+    shuffle_buffer_size=None,
+    seed=None,
+    cache=True,
+    drop_remainder=False,
+):
+    """Decoder-only batches for P(y | x): each pair is one sequence `x [SEP] y [EOS]`.
+
+    A causal language model (`kzoo.models.GPTCausalLM`) trained on these batches learns to
+    continue `x [SEP]` with `y [EOS]`: translation (or any conditional generation) without an
+    encoder. The inputs are the sequence without its last token and the targets the sequence
+    without its first, so `targets[t] == inputs[t + 1]`. Only `y [EOS]` is supervised: the
+    sample weight is 1.0 where the target is a token of `y` or the final `[EOS]`, which starts
+    at the position of `[SEP]` (its target is the first token of `y`), and 0.0 where the target
+    is a token of `x` or the `[SEP]` itself (the source is read, never predicted) and on
+    padding. The weighted loss of kzoo's `compile()` is then the cross-entropy of the target
+    tokens alone, the quantity a seq2seq model's loss measures.
+
+    Pairs longer than `sequence_length` are truncated, never dropped and never misaligned:
+    beside `[SEP]` and `[EOS]` there is room for `r = sequence_length - 2` tokens; `x` keeps its
+    first `min(len(x), max(r // 2, r - len(y)))` tokens and `y` its first tokens that fit in
+    the rest, still followed by `[EOS]` (as `seq2seq_batches` cuts targets). A pair that fits
+    is untouched; otherwise each side keeps at least half the room if it needs it.
+    `conditional_lm_prompts` cuts sources at inference by the same rule.
+
+    Without `bucket_boundaries` every batch is padded to `sequence_length - 1`. With them,
+    sequences are grouped by length with `tf.data.Dataset.bucket_by_sequence_length` and each
+    batch is padded to its longest, which wastes less compute on padding.
+
+    Args:
+        pairs: a `tf.data.Dataset` of `(source_text, target_text)`, e.g.
+            `kzoo.data.load("kzoo_spa_eng", "train", as_supervised=True)`.
+        tokenizer: one tokenizer for both sides, see the module docstring.
+        sequence_length: int >= 3, the most tokens of `x [SEP] y [EOS]`: the model needs this
+            many positions to generate `y [EOS]` after a prompt; inputs and targets have one
+            fewer.
+        batch_size: int.
+        separator_token_id: int, the `[SEP]` id between source and target.
+        end_token_id: int, the `[EOS]` id ending the target.
+        bucket_boundaries: list of increasing ints or None: bucket `i` holds input lengths in
+            `[boundaries[i-1], boundaries[i])`, the last bucket everything longer.
+        shuffle_buffer_size: int or None (no shuffling).
+        seed: int or None, the shuffle seed.
+        cache: bool, keep tokenized pairs in memory after the first pass.
+        drop_remainder: bool, drop smaller last batches.
+
+    Returns:
+        A `tf.data.Dataset` of `({"token_ids", "padding_mask"}, targets, sample_weight)`, the
+        inputs of `GPTCausalLM`: int32 `[batch, sequence_length - 1]` thrice (the mask 1 on
+        real tokens) and float32 weights of the same shape; with buckets the length is that
+        of each batch's longest sequence.
+
+    Example:
+    >>> pairs = tf.data.Dataset.from_tensor_slices((["Hi"], ["Ola"]))
+    >>> characters = character_tokenizer()  # [SEP], [EOS]: code points 3 and 4 (ETX, EOT)
+    >>> batches = conditional_lm_batches(pairs, characters, 8, 1, separator_token_id=3, end_token_id=4)
+    >>> x, y, w = next(iter(batches))
+    >>> x["token_ids"].numpy().tolist(), y.numpy().tolist(), w.numpy().tolist()
+    ([[72, 105, 3, 79, 108, 97, 0]], [[105, 3, 79, 108, 97, 4, 0]], [[0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0]])
+    """
+    if sequence_length < 3:
+        raise ValueError(
+            f"`sequence_length` must be >= 3 (room for [SEP], [EOS] and a token); received {sequence_length}."
+        )
+
+    def encode(source, target):
+        source_ids = _tokenize_one(tokenizer, source)
+        target_ids = _tokenize_one(tokenizer, target)
+        kept = _kept_source_length(tf.size(source_ids), tf.size(target_ids), sequence_length)
+        target_part = _wrap(target_ids, sequence_length - kept, separator_token_id, end_token_id)
+        tokens = tf.concat([source_ids[:kept], target_part], axis=0)  # x [SEP] y [EOS]
+        inputs, targets = tokens[:-1], tokens[1:]
+        # targets[t] is tokens[t + 1]: from t = kept on, [SEP]'s position, it is y or [EOS].
+        sample_weight = tf.cast(tf.range(tf.size(targets)) >= kept, tf.float32)
+        return {"token_ids": inputs, "padding_mask": tf.ones_like(inputs)}, targets, sample_weight
+
+    dataset = pairs.map(encode, num_parallel_calls=_AUTOTUNE, deterministic=True)
+    dataset = _cache_and_shuffle(dataset, cache, shuffle_buffer_size, seed)
+    if bucket_boundaries is None:
+        shape = [sequence_length - 1]
+        padded_shapes = ({"token_ids": shape, "padding_mask": shape}, shape, shape)
+        dataset = dataset.padded_batch(batch_size, padded_shapes=padded_shapes, drop_remainder=drop_remainder)
+    else:
+        dataset = dataset.bucket_by_sequence_length(
+            element_length_func=lambda x, targets, _: tf.size(targets),
+            bucket_boundaries=list(bucket_boundaries),
+            bucket_batch_sizes=[batch_size] * (len(bucket_boundaries) + 1),
+            drop_remainder=drop_remainder,
+        )
+    return dataset.prefetch(_AUTOTUNE)
+
+
+def conditional_lm_prompts(sources, tokenizer, sequence_length, *, separator_token_id=SEP_ID):
+    """The prompts `x [SEP]` from which a model trained on `conditional_lm_batches` generates `y [EOS]`.
+
+    Each source is cut as `conditional_lm_batches` cuts a source whose target is long: to its
+    first `(sequence_length - 2) // 2` tokens, which leaves the target at least as much room.
+
+    Args:
+        sources: a list of strings.
+        tokenizer: the tokenizer the model was trained with.
+        sequence_length: int, the `sequence_length` of the training batches: generate up to it.
+        separator_token_id: int, the `[SEP]` id.
+
+    Returns:
+        A list of token-id lists (ragged), for `GPTCausalLM.generate`.
+
+    Example:
+    >>> conditional_lm_prompts(["Hi"], character_tokenizer(), 8, separator_token_id=3)
+    [[72, 105, 3]]
+    """
+
+    def prompt(source):
+        source_ids = _tokenize_one(tokenizer, source)
+        # The target is unknown: cut as for a target that fills the sequence.
+        kept = _kept_source_length(tf.size(source_ids), sequence_length, sequence_length)
+        return tf.concat([source_ids[:kept], [separator_token_id]], axis=0)
+
+    sources = tf.data.Dataset.from_tensor_slices(tf.constant(sources, tf.string))
+    prompts = sources.map(prompt, num_parallel_calls=_AUTOTUNE, deterministic=True)
+    return [token_ids.tolist() for token_ids in prompts.as_numpy_iterator()]
+
+
+def _kept_source_length(source_length, target_length, sequence_length):
+    """How many source tokens `x [SEP] y [EOS]` keeps; see `conditional_lm_batches`."""
+    room = sequence_length - 2
+    return tf.minimum(source_length, tf.maximum(room // 2, room - target_length))
 
 
 def _token_vector(token_ids):

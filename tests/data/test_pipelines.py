@@ -4,14 +4,18 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from kzoo import models
 from kzoo.data import character_tokenizer
 from kzoo.data import classification_batches
+from kzoo.data import conditional_lm_batches
+from kzoo.data import conditional_lm_prompts
 from kzoo.data import lm_windows
 from kzoo.data import masked_lm_batches
 from kzoo.data import seq2seq_batches
 from kzoo.data import tagging_batches
 from kzoo.data import word_piece_tokenizer
 from kzoo.data.tokenizers import CLS_ID
+from kzoo.data.tokenizers import EOS_ID
 from kzoo.data.tokenizers import MASK_ID
 from kzoo.data.tokenizers import SEP_ID
 from kzoo.data.tokenizers import SPECIAL_TOKENS
@@ -134,6 +138,83 @@ def test_seq2seq_length_buckets_pad_each_batch_to_its_longest_pair():
     }
 
 
+def test_conditional_lm_sequence_shift_and_target_side_weights():
+    pairs = tf.data.Dataset.from_tensor_slices((["the cats", "york"], ["new york", "the"]))
+    ((x, targets, weights),) = as_lists(conditional_lm_batches(pairs, word_piece_tokenizer(VOCABULARY), 8, 2))
+    # the cat ##s [SEP] new york [EOS]  and  york [SEP] the [EOS]: inputs drop the last token.
+    assert x["token_ids"] == [[7, 8, 9, SEP_ID, 10, 11, 0], [11, SEP_ID, 7, 0, 0, 0, 0]]
+    assert x["padding_mask"] == [[1] * 6 + [0], [1] * 3 + [0] * 4]
+    assert targets == [[8, 9, SEP_ID, 10, 11, EOS_ID, 0], [SEP_ID, 7, EOS_ID, 0, 0, 0, 0]]
+    # 1.0 exactly where the target is the Spanish side or [EOS]: from [SEP]'s position on.
+    assert weights == [[0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0], [0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]]
+    for inputs, row, mask in zip(x["token_ids"], targets, x["padding_mask"], strict=True):
+        length = sum(mask)
+        assert row[: length - 1] == inputs[1:length]
+
+
+def test_conditional_lm_truncation_keeps_sep_eos_and_alignment():
+    # sequence_length 6 leaves room for 4 tokens beside [SEP] and [EOS].
+    long = "the cat the cat"  # 4 tokens
+    pairs = tf.data.Dataset.from_tensor_slices(([long, long, "york"], ["new york new york", "york", long]))
+    tokenizer = word_piece_tokenizer(VOCABULARY)
+    ((x, targets, weights),) = as_lists(conditional_lm_batches(pairs, tokenizer, 6, 3))
+    sequences = [inputs + [row[-1]] for inputs, row in zip(x["token_ids"], targets, strict=True)]
+    assert sequences == [
+        [7, 8, SEP_ID, 10, 11, EOS_ID],  # both long: half the room each
+        [7, 8, 7, SEP_ID, 11, EOS_ID],  # a short target leaves the source more
+        [11, SEP_ID, 7, 8, 7, EOS_ID],  # a short source leaves the target more
+    ]
+    assert weights == [[0.0, 0.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 1.0, 1.0], [0.0, 1.0, 1.0, 1.0, 1.0]]
+    # At inference the target is unknown: sources are cut to half the room.
+    assert conditional_lm_prompts([long, "york", ""], tokenizer, 6) == [[7, 8, SEP_ID], [11, SEP_ID], [SEP_ID]]
+    with pytest.raises(ValueError, match="must be >= 3"):
+        conditional_lm_batches(pairs, tokenizer, 2, 1)
+
+
+def test_conditional_lm_length_buckets_pad_each_batch_to_its_longest_sequence():
+    sources = ["ab", "abcdefghij", "abc", "abcdefghijkl"]
+    pairs = tf.data.Dataset.from_tensor_slices((sources, sources))
+    dataset = conditional_lm_batches(
+        pairs, character_tokenizer(), 64, 2, separator_token_id=3, end_token_id=4, bucket_boundaries=[10]
+    )
+    lengths = sorted(len(targets[0]) for _, targets, _ in as_lists(dataset))
+    # Inputs below 10 tokens ("ab", "abc": 5 and 7) and from 10 up (21 and 25) never share a batch.
+    assert lengths == [7, 25]
+
+
+def test_conditional_lm_loss_ignores_the_source_side():
+    """kzoo's default GPTCausalLM loss on these batches is the cross-entropy of the target tokens alone."""
+    pairs = tf.data.Dataset.from_tensor_slices((["the cats new", "york"], ["new york", "the cat the"]))
+    ((x, targets, weights),) = conditional_lm_batches(pairs, word_piece_tokenizer(VOCABULARY), 8, 2)
+    x, targets, weights = tf.nest.map_structure(np.asarray, (x, targets, weights))
+    backbone = models.GPTBackbone(
+        vocabulary_size=len(VOCABULARY), num_layers=1, num_heads=2, hidden_dim=16, intermediate_dim=32,
+        max_sequence_length=8, dropout=0.0,
+    )  # fmt: skip
+    lm = models.GPTCausalLM(backbone)
+    lm.compile()  # kzoo's defaults
+
+    def loss(targets):
+        return lm.evaluate(x, targets, sample_weight=weights, verbose=0, return_dict=True)["loss"]
+
+    log_probabilities = tf.nn.log_softmax(lm.predict_on_batch(x)).numpy()
+
+    def target_side_cross_entropy(targets):
+        cross_entropy = -np.take_along_axis(log_probabilities, targets[..., None], axis=-1)[..., 0]
+        return cross_entropy[weights == 1].mean()
+
+    assert loss(targets) == pytest.approx(target_side_cross_entropy(targets), rel=1e-5)
+    # Other targets on the source, [SEP]-predicting and padding positions: the same loss.
+    other_source_side = np.where(weights == 0, (targets + 1) % len(VOCABULARY), targets)
+    assert loss(other_source_side) == pytest.approx(loss(targets), rel=1e-6)
+    # Another target token on the Spanish side: another loss.
+    other_target_side = targets.copy()
+    other_target_side[0, 4] = 7  # "new" -> "the"
+    assert weights[0, 4] == 1
+    assert loss(other_target_side) == pytest.approx(target_side_cross_entropy(other_target_side), rel=1e-5)
+    assert abs(loss(other_target_side) - loss(targets)) > 1e-3
+
+
 def test_masked_lm_batches_mask_only_real_tokens_and_record_the_originals():
     texts = tf.data.Dataset.from_tensor_slices([f"sentence number {i} is here" for i in range(64)])
     tokenizer = character_tokenizer()
@@ -163,7 +244,7 @@ def test_masked_lm_batches_mask_only_real_tokens_and_record_the_originals():
     assert 0.7 < mask_tokens / selections < 0.9  # BERT's 80% [MASK]
 
 
-@pytest.mark.parametrize("pipeline", ["masked_lm", "classification", "seq2seq"])
+@pytest.mark.parametrize("pipeline", ["masked_lm", "classification", "seq2seq", "conditional_lm"])
 def test_pipelines_are_deterministic_under_a_seed(pipeline):
     # tests/conftest.py seeds TensorFlow globally, which alone would make random ops repeat;
     # unset it so that only the pipelines' own `seed` can.
@@ -178,9 +259,12 @@ def test_pipelines_are_deterministic_under_a_seed(pipeline):
         elif pipeline == "classification":
             examples = tf.data.Dataset.from_tensor_slices((texts, list(range(50))))
             dataset = classification_batches(examples, tokenizer, 24, 8, shuffle_buffer_size=50, seed=seed)
-        else:
+        elif pipeline == "seq2seq":
             pairs = tf.data.Dataset.from_tensor_slices((texts, texts))
             dataset = seq2seq_batches(pairs, tokenizer, tokenizer, 24, 24, 8, shuffle_buffer_size=50, seed=seed)
+        else:
+            pairs = tf.data.Dataset.from_tensor_slices((texts, texts))
+            dataset = conditional_lm_batches(pairs, tokenizer, 48, 8, shuffle_buffer_size=50, seed=seed)
         return dataset
 
     dataset = batches(seed=3)
