@@ -25,9 +25,11 @@ Every recipe trains on one repeated, seeded stream with `steps_per_epoch`, which
 
 import argparse
 import csv
+import functools
 import json
 import math
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -36,12 +38,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
 import matplotlib  # noqa: E402
-
-matplotlib.use("Agg")  # Files only; no display is needed or wanted.
-
-import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow_datasets as tfds  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
 
 import kzoo  # noqa: E402
 import kzoo.data  # noqa: E402
@@ -198,6 +197,31 @@ def steps_per_epoch(args, batches_per_pass):
     return math.ceil(args.steps / args.epochs)
 
 
+def width_for_budget(parameters, budget, step=8):
+    """The multiple of `step` whose model has the parameter count nearest `budget`.
+
+    The count grows with the width, so a bisection finds the crossing.
+
+    Args:
+        parameters: `f(width) -> int`, the parameter count of the model of that width (e.g.
+            counted on a built model, which holds for any architecture).
+        budget: int.
+        step: int, the widths tried are its multiples.
+    """
+
+    @functools.cache  # The last comparison counts two widths again.
+    def count(multiple):
+        return parameters(multiple * step)
+
+    low, high = 1, 2
+    while count(high) < budget:
+        low, high = high, 2 * high
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if count(middle) < budget else (low, middle)
+    return step * min((low, high), key=lambda multiple: abs(count(multiple) - budget))
+
+
 def compile_task(model, args, steps_per_epoch, jit_compile, **kwargs):
     """`Task.compile` with `--learning-rate`: linear warmup, then cosine decay to 0 at the last step.
 
@@ -257,9 +281,11 @@ class Run:
     def path(self, name):
         return self.output_dir / name
 
-    def fit(
-        self, model, stream, steps_per_epoch, validation_data=None, validation_steps=None, callbacks=(), name=None
-    ):
+    def folder(self, name=None):
+        """The output folder, or its subfolder `name` (for one of several models)."""
+        return self.output_dir if name is None else self.output_dir / name
+
+    def fit(self, model, stream, steps_per_epoch, validation_data=None, name=None):
         """`model.fit` over the repeated `stream` for `--epochs`, with backups, checkpoints and logs.
 
         Args:
@@ -268,15 +294,14 @@ class Run:
                 yields the same batches on every run (seeded).
             steps_per_epoch: int, see `steps_per_epoch`.
             validation_data: None or a finite dataset, evaluated after each epoch.
-            validation_steps: None (all of it) or int.
-            callbacks: more Keras callbacks.
             name: None, or a subfolder of the output folder for this model's files, for a
                 recipe that trains several.
 
         Returns:
-            The history of the whole run, resumed epochs included: `{metric: [per epoch]}`.
+            The history of the whole run, resumed epochs included: `{metric: [per epoch]}`
+            (other workers of a multi-worker run: the epochs they ran).
         """
-        folder = self.output_dir if name is None else self.output_dir / name
+        folder = self.folder(name)
         history_path = folder / HISTORY_FILE
         if self.is_chief:
             folder.mkdir(parents=True, exist_ok=True)
@@ -287,17 +312,30 @@ class Run:
         )
         if self.is_chief:
             run_callbacks.append(keras.callbacks.CSVLogger(str(history_path), append=True))
-        model.fit(
+        history = model.fit(
             kzoo.training.shard_by_data(stream),
             epochs=self.args.epochs,
             steps_per_epoch=steps_per_epoch,
             validation_data=validation_data,
-            validation_steps=validation_steps,
-            callbacks=run_callbacks + list(callbacks),
+            callbacks=run_callbacks,
             shuffle=False,  # The stream is shuffled already; Keras cannot shuffle a dataset.
             verbose=1 if self.is_chief else 0,
         )
-        return read_history(history_path) if self.is_chief else {}
+        return read_history(history_path) if self.is_chief else history.history
+
+    def save(self, model, tokenizer, name=None):
+        """Saves `model.keras` and the tokenizer (`kzoo.data.save_tokenizer`) into `folder(name)`.
+
+        Every worker saves, as saving may read variables through collectives, but only the
+        chief into the output folder; the others into a temporary folder.
+
+        Returns:
+            The path of `model.keras`.
+        """
+        folder = self.folder(name) if self.is_chief else Path(tempfile.mkdtemp(prefix="kzoo_save_"))
+        model.save(folder / MODEL_FILE)
+        kzoo.data.save_tokenizer(tokenizer, folder)
+        return folder / MODEL_FILE
 
     def finish(self, histories, metrics, steps_per_epoch):
         """Writes `metrics.json` and `training_curves.png` and prints the final metrics.
@@ -325,12 +363,12 @@ class Run:
         if self.is_chief:
             plot_histories(histories, steps_per_epoch, self.path(CURVES_FILE), title=self.args.recipe)
             self.path(METRICS_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-        scalars = {name: value for name, value in metrics.items() if isinstance(value, (int, float))}
-        scalars["wall time (s)"] = record["wall_time_s"]
-        width = max(len(name) for name in scalars)
+        numbers = {name: value for name, value in metrics.items() if isinstance(value, (int, float))}
+        numbers["wall time (s)"] = round(record["wall_time_s"])
+        width = max(len(name) for name in numbers)
         print(f"\n{self.args.recipe}: final metrics ({self.output_dir})")
-        for name, value in scalars.items():
-            print(f"  {name:<{width}}  {value:.4g}")
+        for name, value in numbers.items():
+            print(f"  {name:<{width}}  {value:,}" if isinstance(value, int) else f"  {name:<{width}}  {value:.4f}")
         return record
 
 
@@ -356,9 +394,12 @@ def plot_histories(histories, steps_per_epoch, path, title=""):
         names += [name for name in history if name not in names + ["epoch", "learning_rate"] and not name.startswith("val_")]
     if not names:
         return
-    figure, axes = plt.subplots(1, len(names), figsize=(4.5 * len(names), 3.6), squeeze=False)
+    # A bare Figure, not pyplot: no display backend or global figure state is involved.
+    figure = Figure(figsize=(4.5 * len(names), 3.6), layout="constrained")
+    axes = figure.subplots(1, len(names), squeeze=False)
+    colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
     for axis, name in zip(axes[0], names):
-        for (model_name, history), color in zip(histories.items(), plt.rcParams["axes.prop_cycle"].by_key()["color"]):
+        for (model_name, history), color in zip(histories.items(), colors):
             label = f"{model_name} " if len(histories) > 1 else ""
             for key, style, split in ((name, "-", "training"), (f"val_{name}", "--", "validation")):
                 if key in history:
@@ -369,6 +410,4 @@ def plot_histories(histories, steps_per_epoch, path, title=""):
         axis.grid(alpha=0.3)
         axis.legend(fontsize="small")
     figure.suptitle(title)
-    figure.tight_layout()
     figure.savefig(path, dpi=100)
-    plt.close(figure)

@@ -67,8 +67,7 @@ def main(argv=None):
         classifier = kzoo.models.BertClassifier(backbone, num_classes)
         _common.compile_task(classifier, args, steps_per_epoch, run.jit_compile)
     histories = {"bert": run.fit(classifier, train_batches.repeat(), steps_per_epoch, test_batches, name="bert")}
-    classifier.save(run.path(_common.MODEL_FILE))
-    kzoo.data.save_tokenizer(tokenizer, run.output_dir)
+    run.save(classifier, tokenizer)
 
     vectorizer = keras.layers.TextVectorization(
         max_tokens=BAG_OF_WORDS_VOCABULARY, ngrams=2, output_mode="tf_idf"

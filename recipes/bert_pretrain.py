@@ -5,9 +5,10 @@
 
 Gathers the unlabelled text of the training splits of `--datasets` (labels are dropped; no
 validation or test text is read, so the fine-tuning recipes evaluate on text this model
-never saw), fits an uncased WordPiece vocabulary on it, and trains `kzoo.models.BertMaskedLM`
-with BERT's masking (15% of the tokens: 80% [MASK], 10% random, 10% kept;
-`kzoo.data.masked_lm_batches`). A seeded 2% of the texts is held out to validate on.
+never saw), fits an uncased WordPiece vocabulary on a sample of it (`--vocabulary-texts`),
+and trains `kzoo.models.BertMaskedLM` with BERT's masking (15% of the tokens: 80% [MASK],
+10% random, 10% kept; `kzoo.data.masked_lm_batches`). A seeded 2% of the texts is held out
+to validate on.
 
 Saves `model.keras` and the tokenizer (`tokenizer.json`, `vocabulary.txt`) into the output
 folder; `--pretrained` of the fine-tuning recipes reads that folder.
@@ -31,8 +32,8 @@ TEXT_FEATURES = {
 }
 DEFAULTS = dict(
     preset="bert_tiny",
-    steps=None,
-    epochs=3,
+    steps=2000,
+    epochs=4,
     batch_size=64,
     learning_rate=5e-4,
     datasets=",".join(TEXT_FEATURES),
@@ -82,8 +83,7 @@ def main(argv=None):
         _common.compile_task(model, args, steps_per_epoch, run.jit_compile)
     history = run.fit(model, train.repeat(), steps_per_epoch, validation_data=validation)
 
-    model.save(run.path(_common.MODEL_FILE))
-    kzoo.data.save_tokenizer(tokenizer, run.output_dir)
+    run.save(model, tokenizer)
     metrics = {
         "validation_masked_accuracy": history["val_accuracy"][-1],
         "validation_masked_perplexity": history["val_perplexity"][-1],
@@ -104,15 +104,15 @@ def corpus_texts(args):
     texts = []
     for name in names:
         feature = TEXT_FEATURES[name]
-        dataset = _common.load(args, name, "train")
-        if dataset.element_spec[feature].shape.rank:  # Token lists (WNUT-17): joined back into a sentence.
-            dataset = dataset.map(lambda example: tf.strings.reduce_join(example[feature], separator=" "))
-        else:
-            dataset = dataset.map(lambda example: example[feature])
-        texts += _common.strings(dataset)
+        texts += _common.strings(_common.load(args, name, "train").map(lambda example: _text(example[feature])))
     if args.max_texts is not None and args.max_texts < len(texts):
         texts = kzoo.data.seeded_split(texts, {"sample": 1.0}, args.seed)["sample"][: args.max_texts]
     return texts
+
+
+def _text(value):
+    """A string feature, or a list of tokens (WNUT-17) joined back into a sentence."""
+    return tf.strings.reduce_join(value, separator=" ") if value.shape.rank else value
 
 
 def backbone_and_tokenizer(args, run, texts, lowercase=True):

@@ -90,8 +90,7 @@ def train_tagger(args, run, task):
         _common.compile_task(tagger, args, steps_per_epoch, run.jit_compile)
     train = batches("train", shuffle_buffer_size=len(sentences), seed=args.seed).repeat()
     history = run.fit(tagger, train, steps_per_epoch, batches(spec["validation"]), name=task)
-    tagger.save(run.path(task) / _common.MODEL_FILE)
-    kzoo.data.save_tokenizer(tokenizer, run.path(task))
+    run.save(tagger, tokenizer, name=task)
 
     metrics = {f"{spec['validation']}_accuracy": history["val_accuracy"][-1]}
     for split in spec.get("entity_splits", ()):

@@ -72,6 +72,9 @@ def main(argv=None):
     with run.scope():
         lm = language_model(args)
     tokenizer = kzoo.data.character_tokenizer(lm.backbone.vocabulary_size)
+    prompt_ids = np.asarray(tokenizer(args.prompt)).tolist()
+    if len(prompt_ids) + args.sample_length > args.sequence_length:
+        args.parser.error(f"--prompt plus --sample-length must fit in --sequence-length {args.sequence_length}.")
 
     train_windows = _common.text_windows(
         args, "train", tokenizer, args.sequence_length, args.batch_size, stride=1, shuffle=True
@@ -86,20 +89,13 @@ def main(argv=None):
         lm, train_windows.map(gpt_inputs).repeat(), steps_per_epoch, validation_data=validation_windows.map(gpt_inputs)
     )
 
-    prompt_ids = np.asarray(tokenizer(args.prompt)).tolist()
-    if len(prompt_ids) + args.sample_length > args.sequence_length:
-        args.parser.error(f"--prompt plus --sample-length must fit in --sequence-length {args.sequence_length}.")
     sample = continue_prompt(lm, tokenizer, prompt_ids, args)
     print(f"\nSample ({args.preset}, top-{TOP_K}):\n{sample}\n")
 
-    model_path = run.path(_common.MODEL_FILE)
-    lm.save(model_path)
-    kzoo.data.save_tokenizer(tokenizer, run.output_dir)
-    reload_check = check_reload(lm, model_path, run.output_dir, validation_windows, prompt_ids, sample, args)
-    plot_attention(lm, tokenizer, sample[:ATTENTION_CHARACTERS], run.path("attention.png"))
-
-    # === Export (README main job) ===
-    # kzoo.export's exporter is called here on `model_path` once it lands.
+    model_path = run.save(lm, tokenizer)
+    reload_check = check_reload(lm, model_path, validation_windows, prompt_ids, sample, args)
+    if run.is_chief:
+        plot_attention(lm, tokenizer, sample[:ATTENTION_CHARACTERS], run.path("attention.png"))
 
     validation_loss = history["val_loss"][-1]
     metrics = {
@@ -146,14 +142,14 @@ def plot_attention(lm, tokenizer, text, path):
     kzoo.visualization.plot_attention(weights[0], list(text), path, title=title)
 
 
-def check_reload(lm, model_path, directory, validation_windows, prompt_ids, sample, args):
+def check_reload(lm, model_path, validation_windows, prompt_ids, sample, args):
     """Reloads the model and tokenizer as a user would; raises unless the logits agree.
 
     Returns:
         `{"reload_max_abs_logit_difference", "reload_same_sample"}`.
     """
     reloaded = keras.saving.load_model(model_path, compile=False)
-    tokenizer = kzoo.data.load_tokenizer(directory)
+    tokenizer = kzoo.data.load_tokenizer(model_path.parent)
     x, _ = gpt_inputs(*next(iter(validation_windows)))
     difference = float(np.max(np.abs(lm.predict_on_batch(x) - reloaded.predict_on_batch(x))))
     if difference > 1e-4:

@@ -89,23 +89,12 @@ def language_model(vocabulary_size, embedding_dim, hidden_dim, cell, dropout):
 
 
 def width_for_budget(budget, vocabulary_size, embedding_dim, cell, dropout):
-    """The multiple of `WIDTH_STEP` whose model has the parameter count nearest `budget`.
-
-    Counted on built models, so it holds for any cell; the count grows with the width, so a
-    bisection finds the crossing.
-    """
+    """The recurrent width, a multiple of `WIDTH_STEP`, whose model has the parameter count nearest `budget`."""
 
     def parameters(width):
-        return language_model(vocabulary_size, embedding_dim, width * WIDTH_STEP, cell, dropout).count_params()
+        return language_model(vocabulary_size, embedding_dim, width, cell, dropout).count_params()
 
-    low, high = 1, 2
-    while parameters(high) < budget:
-        low, high = high, 2 * high
-    while high - low > 1:
-        middle = (low + high) // 2
-        low, high = (middle, high) if parameters(middle) < budget else (low, middle)
-    best = min((low, high), key=lambda width: abs(parameters(width) - budget))
-    return best * WIDTH_STEP
+    return _common.width_for_budget(parameters, budget, WIDTH_STEP)
 
 
 def read_gpt_run(args):

@@ -9,8 +9,9 @@ epoch, then translates the `test` English sentences greedily with `generate` (th
 once, the decoder one token at a time against its key/value cache) and scores them with
 corpus BLEU (`keras_hub.metrics.Bleu`: SacreBLEU's 13a tokenization, 4-grams, no smoothing).
 
-Source and target share one cased WordPiece vocabulary fitted on both sides of the training
-pairs, as the model ties its source, target and output embeddings. References pass through
+Source and target share one cased WordPiece vocabulary, fitted on a sample of the training
+sentences of both sides (`--vocabulary-texts`), as the model ties its source, target and
+output embeddings. References pass through
 the same tokenizer and back before scoring, so both sides of BLEU are spaced the same way.
 """
 
@@ -45,9 +46,11 @@ QUICK = dict(
 EXAMPLES_SHOWN = 5
 
 
-def add_arguments(parser, source="english"):
+def add_arguments(
+    parser, source="english", sequence_length_help="the most source and target tokens ([BOS]/[EOS] included)"
+):
     parser.add_argument("--dataset", help=f"a dataset of ({source}, target) pairs with train, validation and test")
-    parser.add_argument("--sequence-length", type=int, help="the most source and target tokens ([BOS]/[EOS] included)")
+    parser.add_argument("--sequence-length", type=int, help=sequence_length_help)
     _common.add_vocabulary_arguments(parser)
     parser.add_argument("--train-examples", type=int, help="train on the first this many training pairs, or all")
     parser.add_argument(
@@ -64,18 +67,16 @@ def add_arguments(parser, source="english"):
 def main(argv=None):
     args = _common.parse_args(argv, __file__, __doc__, DEFAULTS, QUICK, add_arguments)
     run = _common.start(args)
-    splits = {split: _common.load(args, args.dataset, split, as_supervised=True) for split in ("train", "validation", "test")}
+    splits = load_pairs(args)
     model, tokenizer, history, steps_per_epoch = train_seq2seq(
         args, run, splits["train"], splits["validation"], args.sequence_length, args.sequence_length, lowercase=False
     )
 
     sources, references = test_pairs(splits["test"], args.evaluation_examples)
     hypotheses = decode(model, tokenizer, sources, args.sequence_length, args.sequence_length, args.decode_batch_size)
-    bleu = keras_hub.metrics.Bleu()
-    bleu.update_state([[normalize(tokenizer, reference)] for reference in references], hypotheses)
     examples = show_examples(sources, references, hypotheses)
     metrics = {
-        "test_bleu": 100 * float(bleu.result()),
+        "test_bleu": corpus_bleu(tokenizer, references, hypotheses),
         "validation_loss": history["val_loss"][-1],
         "validation_token_accuracy": history["val_accuracy"][-1],
         "test_examples": len(sources),
@@ -83,6 +84,20 @@ def main(argv=None):
         "examples": examples,
     }
     return run.finish({args.preset: history}, metrics, steps_per_epoch)
+
+
+def load_pairs(args):
+    """`{"train", "validation", "test"}`: the `(source, target)` pairs of `--dataset`'s splits."""
+    return {split: _common.load(args, args.dataset, split, as_supervised=True) for split in ("train", "validation", "test")}
+
+
+def training_texts(args, train):
+    """The first `--train-examples` pairs of `train` (or all), and their sources and targets as lists of strings."""
+    if args.train_examples:
+        train = train.take(args.train_examples)
+    sources = _common.strings(train.map(lambda source, target: source))
+    targets = _common.strings(train.map(lambda source, target: target))
+    return train, sources, targets
 
 
 def train_seq2seq(args, run, train, validation, source_length, target_length, lowercase):
@@ -94,10 +109,7 @@ def train_seq2seq(args, run, train, validation, source_length, target_length, lo
     Returns:
         `(model, tokenizer, history, steps_per_epoch)`.
     """
-    if args.train_examples:
-        train = train.take(args.train_examples)
-    sources = _common.strings(train.map(lambda source, target: source))
-    targets = _common.strings(train.map(lambda source, target: target))
+    train, sources, targets = training_texts(args, train)
     tokenizer = _common.word_piece_tokenizer(args, sources + targets, lowercase)
 
     def batches(dataset, **kwargs):
@@ -126,8 +138,7 @@ def train_seq2seq(args, run, train, validation, source_length, target_length, lo
         model = kzoo.models.Seq2SeqTransformer(backbone)
         _common.compile_task(model, args, steps_per_epoch, run.jit_compile)
     history = run.fit(model, train_batches, steps_per_epoch, validation_batches)
-    model.save(run.path(_common.MODEL_FILE))
-    kzoo.data.save_tokenizer(tokenizer, run.output_dir)
+    run.save(model, tokenizer)
     return model, tokenizer, history, steps_per_epoch
 
 
@@ -162,6 +173,13 @@ def decode(model, tokenizer, sources, source_length, target_length, batch_size):
 def normalize(tokenizer, text):
     """`text` tokenized and detokenized: spaced like the model's outputs."""
     return tokenizer.detokenize(tokenizer(text))
+
+
+def corpus_bleu(tokenizer, references, hypotheses):
+    """Corpus BLEU in percent of `hypotheses` against one reference each, normalized by `tokenizer`."""
+    bleu = keras_hub.metrics.Bleu()
+    bleu.update_state([[normalize(tokenizer, reference)] for reference in references], hypotheses)
+    return 100 * float(bleu.result())
 
 
 def show_examples(sources, references, hypotheses, count=EXAMPLES_SHOWN):

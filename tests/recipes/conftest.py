@@ -5,11 +5,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import tensorflow as tf
-
-# Most of a quick run is spent building and optimizing graphs, not training; Grappler's
-# graph rewrites only speed up long runs. Without them the recipe tests take 25% less time.
-tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
 
 RECIPES = Path(__file__).parents[2] / "recipes"
 # The recipes import each other and `_common` as top-level modules, as when run as scripts.

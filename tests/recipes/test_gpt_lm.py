@@ -42,6 +42,7 @@ def test_main_job_runs_as_a_script_and_its_files_are_all_generate_needs(tmp_path
         (["--data-dir", "/nonexistent/kzoo-data"], "no such folder"),
         (["--dataset", "kzoo_wnut17"], "has no 'text' feature"),
         (["--steps", "0"], "--steps must be >= 1"),
+        (["--sample-length", "100"], "--prompt plus --sample-length must fit in --sequence-length 64"),
     ],
 )
 def test_bad_input_exits_with_a_clear_message(flags, message, run_recipe, capsys):
