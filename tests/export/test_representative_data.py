@@ -25,6 +25,6 @@ def test_character_gpt_on_tiny_shakespeare(tmp_path):
 
 def test_a_dataset_needs_the_model_tokenizer(tmp_path):
     build("gpt").save(tmp_path / "model.keras")
-    with pytest.raises(export.ExportError, match="Cannot read representative data 'kzoo_tiny_shakespeare': No tokenizer.json"):
+    with pytest.raises(export.ExportError, match="Representative data 'kzoo_tiny_shakespeare' needs the model's tokenizer: No tokenizer.json"):
         export.export(tmp_path / "model.keras", tmp_path / "out", representative_data="kzoo_tiny_shakespeare")
     assert sorted(path.name for path in tmp_path.iterdir()) == ["model.keras"]
