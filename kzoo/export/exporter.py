@@ -296,6 +296,8 @@ def _load_tokenizer(directory, representative_data):
         if representative_data is None:
             return None
         raise ExportError(f"Representative data {representative_data!r} needs the model's tokenizer: {error}") from error
+    except (ValueError, TypeError, KeyError) as error:  # a corrupt tokenizer.json (JSONDecodeError is a ValueError)
+        raise ExportError(f"Cannot read the tokenizer saved beside the model in {directory}: {type(error).__name__}: {error}") from error
 
 
 def _export_data(name, model, tokenizer, data_dir, task, names, length, num_examples, num_representative, seed):

@@ -104,3 +104,13 @@ def test_existing_output_is_kept_unless_overwrite(saved_model, tmp_path):
     export.export(saved_model, out, formats=["tflite_fp32"], overwrite=True, num_examples=2, latency_runs=1, generate_tokens=2)
     assert leftovers(out) == [export.REPORT_FILE, "model_fp32.tflite"]
     assert leftovers(tmp_path) == ["out"]
+
+
+def test_a_corrupt_tokenizer_beside_the_model(saved_model, tmp_path):
+    (saved_model.parent / "tokenizer.json").write_text('{"class_name": "UnicodeCodepoint', encoding="utf-8")
+    try:
+        with pytest.raises(export.ExportError, match="Cannot read the tokenizer saved beside the model"):
+            export.export(saved_model, tmp_path / "out", formats=["savedmodel"])
+    finally:
+        (saved_model.parent / "tokenizer.json").unlink()
+    assert not (tmp_path / "out").exists()
