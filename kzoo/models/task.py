@@ -110,6 +110,8 @@ class Task(MultiWorkerTrainerMixin, keras.Model):
             weight_decay: float, AdamW's decoupled weight decay.
             **kwargs: other `keras.Model.compile` arguments.
         """
+        # Keras does not serialize a decay exclusion; `get_compile_config` keeps kzoo's.
+        self._no_weight_decay = None
         if optimizer == "auto":
             optimizer = keras.optimizers.AdamW(
                 learning_rate=warmup_then_decay(
@@ -123,8 +125,7 @@ class Task(MultiWorkerTrainerMixin, keras.Model):
             # Decay pulls weights towards 0, which is wrong for a scale
             # (gamma) and pointless for shifts (beta, biases).
             optimizer.exclude_from_weight_decay(var_names=NO_WEIGHT_DECAY)
-        # Keras does not serialize the exclusion; `get_compile_config` keeps it.
-        self._no_weight_decay = NO_WEIGHT_DECAY if isinstance(optimizer, keras.optimizers.AdamW) else None
+            self._no_weight_decay = NO_WEIGHT_DECAY
         if loss == "auto":
             # The mean over weighted tokens: padding neither counts nor dilutes.
             loss = keras.losses.SparseCategoricalCrossentropy(

@@ -119,3 +119,12 @@ def test_a_reloaded_model_continues_training_from_its_saved_optimizer_state(tmp_
         m.fit(x, y, sample_weight=sample_weight, epochs=1, verbose=0)
     for a, b in zip(model.weights, reloaded.weights):
         np.testing.assert_allclose(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b), atol=1e-6)
+
+
+def test_only_kzoo_s_own_decay_exclusions_are_saved_with_the_compile_state():
+    model, _, _, _ = task_batch("GPTCausalLM")
+    model.compile()
+    assert model.get_compile_config()["no_weight_decay"] == ["bias", "gamma", "beta"]
+    # A user's own AdamW decays what it decays: a reload must not add kzoo's exclusions.
+    model.compile(optimizer=keras.optimizers.AdamW(1e-3))
+    assert "no_weight_decay" not in model.get_compile_config()
