@@ -297,7 +297,7 @@ def tagging_batches(
         return (None if start_token_id is None else value, None if end_token_id is None else value)
 
     def encode(words, tags):
-        pieces = _tokenize(tokenizer, words)
+        pieces = tokenize(tokenizer, words)
         is_first = tf.ragged.range(pieces.row_lengths()).flat_values == 0
         word_labels = tf.repeat(tf.cast(tags, tf.int32), pieces.row_lengths())
         labels = tf.where(is_first, word_labels, ignore_label)
@@ -569,9 +569,21 @@ def _bert_inputs(token_ids):
     }
 
 
-def _tokenize(tokenizer, strings):
-    """Ragged int32 token ids `[n, None]` of a string tensor of shape `[n]`."""
+def tokenize(tokenizer, strings):
+    """Ragged int32 token ids `[n, None]` of a string tensor of shape `[n]`, eagerly or in a graph.
+
+    Args:
+        tokenizer: a keras-hub tokenizer or a callable, see the module docstring; a dense
+            result is read as trailing padding 0.
+        strings: a string tensor of shape `[n]`.
+
+    Example:
+    >>> tokenize(character_tokenizer(), tf.constant(["Hi", "a"])).to_list()
+    [[72, 105], [97]]
+    """
     token_ids = tokenizer(strings)
+    if isinstance(token_ids, list):  # keras-hub tokenizers give Python lists in eager mode
+        token_ids = tf.ragged.constant(token_ids, dtype=tf.int32, ragged_rank=1)
     if not isinstance(token_ids, tf.RaggedTensor):
         token_ids = tf.RaggedTensor.from_tensor(token_ids, padding=PAD_ID)
     return tf.cast(token_ids, tf.int32)
@@ -579,7 +591,7 @@ def _tokenize(tokenizer, strings):
 
 def _tokenize_one(tokenizer, string):
     """1-D int32 token ids of a scalar string."""
-    return _tokenize(tokenizer, string[tf.newaxis])[0]
+    return tokenize(tokenizer, string[tf.newaxis])[0]
 
 
 def _wrap(values, max_length, start=None, end=None):

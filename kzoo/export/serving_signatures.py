@@ -359,17 +359,16 @@ def _seq2seq_generation(model, cache_length):
 
 def _text_function(model, task, names, functions, tokenizer):
     """The signature of `task` that takes raw strings (see `ServingSignatures`)."""
-    from kzoo.data.tokenizers import BOS_ID, CLS_ID, EOS_ID, SEP_ID  # kzoo.data imports tfds: only here
+    # kzoo.data imports tensorflow-datasets: only here.
+    from kzoo.data.pipelines import tokenize
+    from kzoo.data.tokenizers import BOS_ID, CLS_ID, EOS_ID, SEP_ID
 
     max_length = max_length_of(model)
     text_spec = tf.TensorSpec([None], tf.string, name="text")
     new_tokens_spec = tf.TensorSpec([], tf.int32, name="max_new_tokens")
 
     def token_ids(text):
-        ids = tokenizer(text)
-        if not isinstance(ids, tf.RaggedTensor):
-            ids = tf.RaggedTensor.from_tensor(ids, padding=0)
-        return tf.cast(ids, tf.int32)  # (B, None)
+        return tokenize(tokenizer, text)  # (B, None)
 
     def detokenize(ids, keep):
         return tf.reshape(tokenizer.detokenize(tf.ragged.boolean_mask(ids, keep)), [-1])

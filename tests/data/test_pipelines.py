@@ -272,3 +272,18 @@ def test_pipelines_are_deterministic_under_a_seed(pipeline):
     assert as_lists(batches(seed=3)) == first_epoch
     assert as_lists(batches(seed=4)) != first_epoch
     assert second_epoch != first_epoch  # reshuffled (and re-masked) every epoch
+
+
+def test_tokenize_gives_the_same_ragged_ids_eagerly_in_a_graph_and_from_dense_output():
+    from kzoo.data.pipelines import tokenize
+
+    strings = tf.constant(["Hi!", "", "a"])
+    expected = [[72, 105, 33], [], [97]]
+    characters = character_tokenizer()
+    assert tokenize(characters, strings).to_list() == expected  # keras-hub returns lists eagerly
+    assert tf.function(lambda s: tokenize(characters, s))(strings).to_list() == expected  # ragged in a graph
+
+    def dense(s):  # a tokenizer that pads with 0 instead
+        return tf.ragged.constant(characters(s)).to_tensor()
+
+    assert tokenize(dense, strings).to_list() == expected
