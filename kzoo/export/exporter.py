@@ -470,7 +470,7 @@ def _savedmodel_generation(generate, checks):
 
 
 def _savedmodel_text(signature, case):
-    """The text signature on the case's strings against the Keras model: `{"signature", "texts",
+    """The text signature on the case's strings against the Keras model: `{"texts",
     "matches_keras"}` plus the max probability difference (classifiers) or both texts."""
     texts = tf.constant(case["texts"])
     if "probabilities" in case:
