@@ -61,21 +61,24 @@ def scaled_dot_product_attention(
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
     dtype = query.dtype
-    scores = ops.matmul(query, ops.swapaxes(key, -1, -2))  # (..., T_q, T_k)
-    scores = ops.cast(scores, "float32") * scale
+    # Scaling the queries costs T_q * d_k multiplies, scaling the scores T_q * T_k.
+    scores = ops.matmul(query * ops.cast(scale, dtype), ops.swapaxes(key, -1, -2))  # (..., T_q, T_k)
+    scores = ops.cast(scores, "float32")
     if mask is not None:
         mask = ops.cast(mask, "bool")
         # exp(-1e9 - max) is exactly 0 in float32: masked keys get zero weight.
         scores = ops.where(mask, scores, _MASKED_SCORE)
-    weights = ops.softmax(scores, axis=-1)
-    if mask is not None:
-        # A row with no key to attend to would be uniform; make it zero.
-        weights = weights * ops.cast(ops.any(mask, axis=-1, keepdims=True), weights.dtype)
-    weights = ops.cast(weights, dtype)
+    weights = ops.cast(ops.softmax(scores, axis=-1), dtype)
     attended = weights
     if training and dropout_rate > 0.0:
         attended = keras.random.dropout(weights, dropout_rate, seed=seed)
     output = ops.matmul(attended, value)
+    if mask is not None:
+        # A row with no key to attend to would be uniform; make it zero. The
+        # output (T_q, d_v) is cheaper to zero than the weights (T_q, T_k).
+        has_key = ops.cast(ops.any(mask, axis=-1, keepdims=True), dtype)
+        output = output * has_key
+        weights = weights * has_key
     if return_scores:
         return output, weights
     return output
