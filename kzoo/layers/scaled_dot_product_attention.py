@@ -62,7 +62,14 @@ def scaled_dot_product_attention(
         scale = 1.0 / math.sqrt(query.shape[-1])
     dtype = query.dtype
     # Scaling the queries costs T_q * d_k multiplies, scaling the scores T_q * T_k.
-    scores = ops.matmul(query * ops.cast(scale, dtype), ops.swapaxes(key, -1, -2))  # (..., T_q, T_k)
+    query = query * ops.cast(scale, dtype)
+    if query.shape[-2] == 1:
+        # One query (a decoding step): K q^T reads the keys in their stored
+        # (T_k, d_k) layout, where q K^T makes XLA:CPU copy them transposed
+        # on every step.
+        scores = ops.swapaxes(ops.matmul(key, ops.swapaxes(query, -1, -2)), -1, -2)
+    else:
+        scores = ops.matmul(query, ops.swapaxes(key, -1, -2))  # (..., T_q, T_k)
     scores = ops.cast(scores, "float32")
     if mask is not None:
         mask = ops.cast(mask, "bool")

@@ -53,7 +53,14 @@ class TiedLogits(keras.layers.Layer):
 
     def call(self, hidden):
         table = ops.cast(self.embedding.embeddings, self.compute_dtype)  # (V, d)
-        logits = ops.cast(ops.matmul(hidden, ops.transpose(table)), "float32")  # (..., V)
+        if all(size == 1 for size in hidden.shape[:-1]):
+            # One row (a batch-1 decoding step): E h reads the table in its
+            # stored (V, d) layout, where h E^T makes XLA:CPU copy the whole
+            # table transposed on every step.
+            logits = ops.reshape(ops.matmul(table, ops.reshape(hidden, (-1, 1))), (*hidden.shape[:-1], -1))
+        else:
+            logits = ops.matmul(hidden, ops.transpose(table))  # (..., V)
+        logits = ops.cast(logits, "float32")
         if self.use_bias:
             logits = logits + self.bias
         return logits

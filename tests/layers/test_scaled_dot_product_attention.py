@@ -82,3 +82,22 @@ def test_dropout_only_in_training_and_rate_validated():
     assert not np.allclose(ops.convert_to_numpy(dropped), ops.convert_to_numpy(clean))
     with pytest.raises(ValueError, match=r"dropout_rate.*\[0, 1\)"):
         scaled_dot_product_attention(x, x, x, dropout_rate=1.0)
+
+
+@pytest.mark.parametrize("dtype, atol", [("float32", 1e-5), ("bfloat16", 3e-2)])
+def test_single_query_path_matches_formula(dtype, atol):
+    """One query row (a decoding step) takes the K q^T path."""
+    rng = np.random.default_rng(3)
+    q, k, v = rng.normal(size=(2, 3, 1, 8)), rng.normal(size=(2, 3, 6, 8)), rng.normal(size=(2, 3, 6, 5))
+    mask = np.ones((2, 1, 1, 6), bool)
+    mask[0, ..., 4:] = False
+    mask[1] = False  # a row with no key
+    out, weights = scaled_dot_product_attention(
+        *(ops.cast(t, dtype) for t in (q, k, v)), mask=mask, return_scores=True
+    )
+    assert out.shape == (2, 3, 1, 5) and weights.shape == (2, 3, 1, 6)
+    assert ops.convert_to_numpy(ops.cast(out, "float32")).dtype == np.float32
+    want, want_weights = reference_attention(q[:1], k[:1], v[:1], mask[:1])
+    np.testing.assert_allclose(ops.convert_to_numpy(ops.cast(out, "float32"))[:1], want, atol=atol)
+    np.testing.assert_allclose(ops.convert_to_numpy(ops.cast(weights, "float32"))[:1], want_weights, atol=atol)
+    np.testing.assert_array_equal(ops.convert_to_numpy(ops.cast(out, "float32"))[1], 0.0)

@@ -58,9 +58,12 @@ def test_cached_steps_match_the_full_pass():
     np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-5)
 
 
-def test_logits_use_the_token_table():
+@pytest.mark.parametrize("rows", [(1, 1), None])  # one row (E h) and a full batch (h E^T)
+def test_logits_use_the_token_table(rows):
     lm = models.GPTCausalLM(gpt_backbone())
     ids = token_ids(np.random.default_rng(3))
+    if rows:
+        ids = ids[: rows[0], : rows[1]]
     hidden = lm.backbone(_lm_inputs(ids))
     table = lm.backbone.embedding.embeddings
     expected = np.einsum("btd,vd->btv", np.asarray(hidden), np.asarray(table))
