@@ -1,21 +1,33 @@
 """Training speed: kzoo against keras-hub on identical configs, in one process.
 
 GPT-2-style causal LM (vocab 8192, 4 layers, 4 heads, width 256, ff 1024,
-batch 16 x seq 256) and BERT-style masked LM (same sizes, batch 32 x seq 128,
-20 masked positions per row), each with and without XLA. Both libraries get
-the same optimizer (Adam 1e-4), loss (sparse cross-entropy from logits), data
-(8 cached random batches, repeated) and dropout (0.1). After a warm-up epoch
-(tracing / XLA compile, not counted) each model trains one epoch of `--steps`
-steps per round, alternating, for `--rounds` rounds; a step is timed from
-`on_train_batch_begin` to `on_train_batch_end`.
+batch 16 x seq 256), BERT-style masked LM (same sizes, batch 32 x seq 128,
+20 masked positions per row) and the seq2seq Transformer-tiny (kzoo's
+`transformer_tiny`: vocab 1000, 2+2 post-LN layers, 4 heads, width 64, ff 256,
+tied sinusoidal embeddings; batch 64 x 64 source and 64 target tokens; the
+keras-hub peer is the same model built from its `TransformerEncoder`/
+`TransformerDecoder`/`ReversibleEmbedding`/`SinePositionEncoding` layers, as
+keras-hub has no encoder-decoder task). Each runs in float32 with and without
+XLA, and in `mixed_bfloat16` without XLA where the CPU has bf16 matmul units
+(XLA:CPU's dot does not use AMX: a bf16 2048^3 matmul runs at ~265 GFLOP/s
+under XLA against ~1,300 through TensorFlow's oneDNN kernels on this VM).
+
+Both libraries get the same optimizer (Adam 1e-4), loss (sparse cross-entropy
+from logits), data (8 cached random batches, repeated) and dropout (0.1).
+After a warm-up epoch (tracing / XLA compile, not counted) each model trains
+one epoch of `--steps` steps per round, alternating, for `--rounds` rounds; a
+step is timed from `on_train_batch_begin` to `on_train_batch_end`.
 
 Model FLOPs (PaLM-style, attention counted in full):
-  GPT:  tokens * (6 N + 12 L d S), N = parameters without the position table.
-  BERT: tokens * (6 N_body + 12 L d S) + masked * 6 N_head.
-The fraction of peak divides model FLOP/s by the fp32 matmul rate measured in
-this same process (`tf.matmul` 2048^3).
+  GPT:     tokens * (6 N + 12 L d S), N = parameters without the position table.
+  BERT:    tokens * (6 N_body + 12 L d S) + masked * 6 N_head.
+  Seq2seq: target tokens * (6 N + 12 d (L_enc S + L_dec (T + S))), S = T
+           (N = all parameters: the tied table is counted once, as the logits).
+The fraction of peak divides model FLOP/s by the matmul rate of the row's
+precision (`tf.matmul` 2048^3, float32 or bfloat16) measured in this same
+process. The record says whether TensorFlow's oneDNN kernels are on.
 
-    python -m benchmarks.training [--steps 6] [--rounds 3] [--out training.json]
+    python -m benchmarks.training [--steps 6] [--rounds 3] [--models gpt,bert,seq2seq] [--out training.json]
 """
 
 import argparse
@@ -31,6 +43,7 @@ import tensorflow as tf  # noqa: E402
 
 import kzoo  # noqa: E402
 from benchmarks.common import median_time, report, wait_for_quiet  # noqa: E402
+from kzoo.models.seq2seq.seq2seq_presets import SEQ2SEQ_PRESETS  # noqa: E402
 
 SIZES = dict(vocabulary_size=8192, num_layers=4, num_heads=4, hidden_dim=256, intermediate_dim=1024)
 
@@ -47,8 +60,11 @@ class StepTimer(keras.callbacks.Callback):
         self.times.append(time.perf_counter() - self.start)
 
 
-def matmul_gflops(n=2048):
-    a = tf.random.normal((n, n))
+PRECISIONS = {"float32": "float32", "mixed_bfloat16": "bfloat16"}
+
+
+def matmul_gflops(dtype="float32", n=2048):
+    a = tf.cast(tf.random.normal((n, n)), dtype)
     matmul = tf.function(lambda x: tf.matmul(x, x))
     matmul(a).numpy()
     return 2 * n**3 / median_time(lambda: matmul(a).numpy(), 5) / 1e9
@@ -107,6 +123,51 @@ def bert_case(rng):
     return data.cache().repeat(), batch * length, hub, ours, flops
 
 
+def seq2seq_case(rng):
+    batch, length = 64, 64
+    config = dict(SEQ2SEQ_PRESETS["transformer_tiny"]["config"])
+    vocab, d = config["vocabulary_size"], config["hidden_dim"]
+    source = rng.integers(1, vocab, (8, batch, length)).astype("int32")
+    target = rng.integers(1, vocab, (8, batch, length + 1)).astype("int32")
+    x = {"encoder_token_ids": source, "decoder_token_ids": target[:, :, :-1]}
+    data = tf.data.Dataset.from_tensor_slices((x, target[:, :, 1:], np.ones((8, batch, length), "float32")))
+
+    def hub():
+        embedding = keras_hub.layers.ReversibleEmbedding(vocab, d, name="embedding")
+        positions = keras_hub.layers.SinePositionEncoding()
+        dropout = keras.layers.Dropout(0.1)
+
+        def embed(ids):
+            x = embedding(ids) * d**0.5
+            return dropout(x + positions(x))
+
+        def block(layer):
+            return layer(config["intermediate_dim"], config["num_heads"], dropout=0.1)
+
+        source_ids = keras.Input((None,), dtype="int32", name="encoder_token_ids")
+        target_ids = keras.Input((None,), dtype="int32", name="decoder_token_ids")
+        source_mask, target_mask = keras.ops.not_equal(source_ids, 0), keras.ops.not_equal(target_ids, 0)
+        h = embed(source_ids)
+        for _ in range(config["num_encoder_layers"]):
+            h = block(keras_hub.layers.TransformerEncoder)(h, padding_mask=source_mask)
+        y = embed(target_ids)
+        for _ in range(config["num_decoder_layers"]):
+            y = block(keras_hub.layers.TransformerDecoder)(
+                y, h, decoder_padding_mask=target_mask, encoder_padding_mask=source_mask
+            )
+        logits = keras.layers.Activation("linear", dtype="float32")(embedding(y, reverse=True))
+        return keras.Model({"encoder_token_ids": source_ids, "decoder_token_ids": target_ids}, logits)
+
+    def ours():
+        return kzoo.models.Seq2SeqTransformer(kzoo.models.Seq2SeqBackbone(**config))
+
+    def flops(model):
+        attention = 12 * d * (config["num_encoder_layers"] * length + config["num_decoder_layers"] * 2 * length)
+        return batch * length * (6 * model.count_params() + attention)
+
+    return data.cache().repeat(), 2 * batch * length, hub, ours, flops
+
+
 def benchmark(case, steps, rounds, jit_compile):
     data, tokens, hub, ours, flops = case
     models = {}
@@ -135,31 +196,65 @@ def benchmark(case, steps, rounds, jit_compile):
             "model_gflop_per_s": round(flops(model) / step / 1e9, 1),
             "first_epoch_s": round(warmup, 1),
             "params": model.count_params(),
+            "final_loss": round(float(model.history.history["loss"][-1]), 4),
         }
     results["ratio_kzoo_over_keras_hub"] = round(results["kzoo"]["tokens_per_s"] / results["keras_hub"]["tokens_per_s"], 2)
     return results
+
+
+def onednn_enabled():
+    """Whether TensorFlow's oneDNN kernels are on in this process (its runtime decision)."""
+    from tensorflow.python.util import _pywrap_util_port
+
+    return bool(_pywrap_util_port.IsMklEnabled())
+
+
+def bf16_matmul_units():
+    """Whether the CPU advertises bf16 matmul instructions (AMX-BF16 or AVX512-BF16)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--models", default="gpt,bert")
+    parser.add_argument("--models", default="gpt,bert,seq2seq")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
+    rows = [("float32", False), ("float32", True)]
+    if bf16_matmul_units():
+        rows.append(("mixed_bfloat16", False))
     rng = np.random.default_rng(0)
-    peak_before = matmul_gflops()
+    peaks = {policy: matmul_gflops(dtype) for policy, dtype in PRECISIONS.items()}
     results = {}
     for name in args.models.split(","):
-        case = {"gpt": gpt_case, "bert": bert_case}[name](rng)
-        for jit_compile in (False, True):
-            results[f"{name}_xla_{jit_compile}"] = benchmark(case, args.steps, args.rounds, jit_compile)
-    peak = max(peak_before, matmul_gflops())
+        case = {"gpt": gpt_case, "bert": bert_case, "seq2seq": seq2seq_case}[name](rng)
+        for policy, jit_compile in rows:
+            keras.mixed_precision.set_global_policy(policy)
+            results[f"{name}_{policy}_xla_{jit_compile}"] = entry = benchmark(case, args.steps, args.rounds, jit_compile)
+            entry["precision"], entry["jit_compile"] = policy, jit_compile
+    keras.mixed_precision.set_global_policy("float32")
+    for policy, dtype in PRECISIONS.items():
+        peaks[policy] = max(peaks[policy], matmul_gflops(dtype))
     for entry in results.values():
         for name in ("keras_hub", "kzoo"):
-            entry[name]["fraction_of_matmul_peak"] = round(entry[name]["model_gflop_per_s"] / peak, 3)
-    report("training", {"matmul_peak_gflop_per_s": round(peak, 1), "sizes": SIZES, "results": results}, args.out)
+            entry[name]["fraction_of_matmul_peak"] = round(entry[name]["model_gflop_per_s"] / peaks[entry["precision"]], 3)
+    report(
+        "training",
+        {
+            "onednn_enabled": onednn_enabled(),
+            "matmul_peak_gflop_per_s": {policy: round(peak, 1) for policy, peak in peaks.items()},
+            "sizes": SIZES,
+            "results": results,
+        },
+        args.out,
+    )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,29 @@
+"""The benchmarks' FLOP counts, against the figures derived by hand in ../shared/peer-baseline.md."""
+
+import numpy as np
+import pytest
+
+from benchmarks import training
+
+
+@pytest.mark.parametrize(
+    "case, gflop_per_step",
+    [
+        # tokens (6N + 12 L d S), N = 5,256,704: 4096 * (31,540,224 + 3,145,728)
+        (training.gpt_case, 142.07),
+        # tokens (6 N_body + 12 L d S) + masked 6 N_head, N_body = 3,159,552, N_head = 2,171,648
+        (training.bert_case, 92.43),
+    ],
+)
+def test_model_flops_match_the_hand_count(case, gflop_per_step):
+    _, _, hub, ours, flops = case(np.random.default_rng(0))
+    for build in (hub, ours):
+        assert flops(build()) / 1e9 == pytest.approx(gflop_per_step, abs=0.005)
+
+
+def test_seq2seq_peer_is_the_same_size_as_kzoos_model():
+    _, tokens, hub, ours, flops = training.seq2seq_case(np.random.default_rng(0))
+    assert hub().count_params() == ours().count_params() == 297_472
+    # 64 x 64 target tokens (6 N + 12 d (L_enc S + 2 L_dec S)), d = 64, S = T = 64, L = 2 + 2
+    assert flops(ours()) == 64 * 64 * (6 * 297_472 + 12 * 64 * (2 * 64 + 2 * 2 * 64))
+    assert tokens == 2 * 64 * 64
