@@ -388,20 +388,19 @@ def seq2seq_batches(
 
     dataset = pairs.map(encode, num_parallel_calls=_AUTOTUNE, deterministic=True)
     dataset = _cache_and_shuffle(dataset, cache, shuffle_buffer_size, seed)
-    if bucket_boundaries is None:
-        padded_shapes = (
-            {"encoder_token_ids": [source_length], "decoder_token_ids": [target_length]},
-            [target_length],
-            [target_length],
-        )
-        dataset = dataset.padded_batch(batch_size, padded_shapes=padded_shapes, drop_remainder=drop_remainder)
-    else:
-        dataset = dataset.bucket_by_sequence_length(
-            element_length_func=lambda x, targets, _: tf.maximum(tf.size(x["encoder_token_ids"]), tf.size(targets)),
-            bucket_boundaries=list(bucket_boundaries),
-            bucket_batch_sizes=[batch_size] * (len(bucket_boundaries) + 1),
-            drop_remainder=drop_remainder,
-        )
+    padded_shapes = (
+        {"encoder_token_ids": [source_length], "decoder_token_ids": [target_length]},
+        [target_length],
+        [target_length],
+    )
+    dataset = _batch_or_bucket(
+        dataset,
+        batch_size,
+        padded_shapes,
+        bucket_boundaries,
+        lambda x, targets, _: tf.maximum(tf.size(x["encoder_token_ids"]), tf.size(targets)),
+        drop_remainder,
+    )
     return dataset.prefetch(_AUTOTUNE)
 
 
@@ -491,17 +490,11 @@ def conditional_lm_batches(
 
     dataset = pairs.map(encode, num_parallel_calls=_AUTOTUNE, deterministic=True)
     dataset = _cache_and_shuffle(dataset, cache, shuffle_buffer_size, seed)
-    if bucket_boundaries is None:
-        shape = [sequence_length - 1]
-        padded_shapes = ({"token_ids": shape, "padding_mask": shape}, shape, shape)
-        dataset = dataset.padded_batch(batch_size, padded_shapes=padded_shapes, drop_remainder=drop_remainder)
-    else:
-        dataset = dataset.bucket_by_sequence_length(
-            element_length_func=lambda x, targets, _: tf.size(targets),
-            bucket_boundaries=list(bucket_boundaries),
-            bucket_batch_sizes=[batch_size] * (len(bucket_boundaries) + 1),
-            drop_remainder=drop_remainder,
-        )
+    shape = [sequence_length - 1]
+    padded_shapes = ({"token_ids": shape, "padding_mask": shape}, shape, shape)
+    dataset = _batch_or_bucket(
+        dataset, batch_size, padded_shapes, bucket_boundaries, lambda x, targets, _: tf.size(targets), drop_remainder
+    )
     return dataset.prefetch(_AUTOTUNE)
 
 
@@ -599,6 +592,19 @@ def _wrap(values, max_length, start=None, end=None):
     prefix = [] if start is None else [tf.constant([start], values.dtype)]
     suffix = [] if end is None else [tf.constant([end], values.dtype)]
     return tf.concat([*prefix, values[: max_length - len(prefix) - len(suffix)], *suffix], axis=0)
+
+
+def _batch_or_bucket(dataset, batch_size, padded_shapes, bucket_boundaries, element_length, drop_remainder):
+    """Batches padded to `padded_shapes`, or, with `bucket_boundaries`, batches of similar
+    `element_length(*element)` each padded to its longest element."""
+    if bucket_boundaries is None:
+        return dataset.padded_batch(batch_size, padded_shapes=padded_shapes, drop_remainder=drop_remainder)
+    return dataset.bucket_by_sequence_length(
+        element_length_func=element_length,
+        bucket_boundaries=list(bucket_boundaries),
+        bucket_batch_sizes=[batch_size] * (len(bucket_boundaries) + 1),
+        drop_remainder=drop_remainder,
+    )
 
 
 def _cache_and_shuffle(dataset, cache, shuffle_buffer_size, seed):
