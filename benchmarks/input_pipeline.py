@@ -38,11 +38,11 @@ import gpt_lm  # noqa: E402
 
 def gpt_lm_case():
     args = _common.parse_args([], gpt_lm.__file__, "", gpt_lm.DEFAULTS, gpt_lm.QUICK, gpt_lm.add_arguments)
-    tokenizer = kzoo.data.character_tokenizer()
+    model = gpt_lm.language_model(args)
+    tokenizer = kzoo.data.character_tokenizer(model.backbone.vocabulary_size)
     windows = _common.text_windows(
         args, "train", tokenizer, args.sequence_length, args.batch_size, stride=1, shuffle=True
     )
-    model = gpt_lm.language_model(args)
     return args, model, windows.map(gpt_lm.gpt_inputs), int(windows.cardinality())
 
 
