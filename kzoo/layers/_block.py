@@ -1,6 +1,7 @@
 """What the transformer encoder and decoder blocks share."""
 
 import keras
+from keras import ops
 
 from kzoo.layers._validation import check_divisible
 from kzoo.layers._validation import check_positive_int
@@ -9,6 +10,9 @@ from kzoo.layers._validation import check_rate
 from kzoo.layers.feed_forward import FeedForward
 from kzoo.layers.feed_forward import get_activation
 from kzoo.layers.multi_head_attention import MultiHeadAttention
+from kzoo.ops import dropout
+from kzoo.ops import dropout_noise
+from kzoo.ops import fused
 
 
 class TransformerBlockBase(keras.layers.Layer):
@@ -84,14 +88,20 @@ class TransformerBlockBase(keras.layers.Layer):
         norm.build(x_shape)
         return norm, keras.layers.Dropout(self.dropout, dtype=self.dtype_policy, name=f"{name}_dropout")
 
-    def _residual(self, x, sublayer, norm, dropout, training):
+    def _residual(self, x, sublayer, norm, dropout_layer, training):
         """Post-LN: norm(x + dropout(f(x))). Pre-LN: x + dropout(f(norm(x))).
 
         `sublayer` returns `(y, extra)`; `extra` (a cache) is passed through.
         """
-        y, extra = sublayer(norm(x) if self.norm_first else x)
-        y = x + dropout(y, training=training)
-        return (y if self.norm_first else norm(y)), extra
+        if not training:
+            y, extra = sublayer(norm(x) if self.norm_first else x)
+            y = x + y
+            return (y if self.norm_first else norm(y)), extra
+        # Training: dropout, residual sum and LayerNorm as fused computations
+        # (`kzoo.ops.fused`).
+        y, extra = sublayer(fused(norm, x) if self.norm_first else x)
+        noise = dropout_noise(ops.shape(y), self.dropout, getattr(dropout_layer, "seed_generator", None))
+        return fused(_add_dropped, x, y, noise, rate=self.dropout, norm=None if self.norm_first else norm), extra
 
     def compute_mask(self, x, previous_mask=None):
         return previous_mask
@@ -110,3 +120,9 @@ class TransformerBlockBase(keras.layers.Layer):
             bias_initializer=keras.initializers.serialize(self.bias_initializer),
         )
         return config
+
+
+def _add_dropped(x, y, noise, rate, norm):
+    """x + dropout(y), then `norm` if given."""
+    y = ops.add(x, dropout(y, noise, rate))
+    return y if norm is None else norm(y)

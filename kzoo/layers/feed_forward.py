@@ -1,14 +1,20 @@
+import math
+
 import keras
+from keras import ops
 
 from kzoo.layers._validation import check_positive_int
 from kzoo.layers._validation import clone_initializer
 from kzoo.layers._validation import check_rate
+from kzoo.ops import dropout
+from kzoo.ops import dropout_noise
+from kzoo.ops import fused
 
 
 def get_activation(name):
     """A Keras activation by name, plus "gelu_approximate" (GPT-2's tanh GELU)."""
     if name == "gelu_approximate":
-        return lambda x: keras.activations.gelu(x, approximate=True)
+        return gelu_approximate
     try:
         return keras.activations.get(name)
     except ValueError as error:
@@ -16,6 +22,16 @@ def get_activation(name):
             "`activation` must be a Keras activation name (e.g. 'relu', 'gelu') "
             f"or 'gelu_approximate'; received activation={name!r}."
         ) from error
+
+
+def gelu_approximate(x):
+    """GPT-2's tanh GELU, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+
+    Computed as the equal x sigmoid(2 sqrt(2/pi) (x + 0.044715 x^3)): fewer
+    ops than the tanh form, and XLA:CPU's sigmoid is faster than its tanh.
+    """
+    a = 2.0 * math.sqrt(2.0 / math.pi)
+    return x * ops.sigmoid(x * (a + (a * 0.044715) * ops.square(x)))
 
 
 @keras.saving.register_keras_serializable(package="kzoo")
@@ -85,8 +101,19 @@ class FeedForward(keras.layers.Layer):
         self.built = True
 
     def call(self, inputs, training=None):
-        hidden = self.activation_fn(self.intermediate_dense(inputs))
-        return self.output_dense(self.hidden_dropout(hidden, training=training))
+        if not training:
+            return self.output_dense(self.activation_fn(self.intermediate_dense(inputs)))
+        # Training: the product as `Dense` computes it, then bias, activation
+        # and dropout as one fused computation (`kzoo.ops.fused`).
+        hidden = ops.matmul(inputs, self.intermediate_dense.kernel)
+        noise = dropout_noise(ops.shape(hidden), self.dropout, getattr(self.hidden_dropout, "seed_generator", None))
+        hidden = fused(self._activate, hidden, self.intermediate_dense.bias, noise)
+        return self.output_dense(hidden)
+
+    def _activate(self, hidden, bias, noise):
+        if bias is not None:
+            hidden = ops.add(hidden, bias)
+        return dropout(self.activation_fn(hidden), noise, self.dropout)
 
     def compute_output_shape(self, input_shape):
         return (*input_shape[:-1], self.output_dim or input_shape[-1])

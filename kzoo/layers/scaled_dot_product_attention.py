@@ -4,6 +4,9 @@ import keras
 from keras import ops
 
 from kzoo.layers._validation import check_rate
+from kzoo.ops import dropout
+from kzoo.ops import dropout_noise
+from kzoo.ops import fused
 
 # Filled into masked scores before the softmax. The softmax runs in float32,
 # so this is finite there whatever the compute dtype is.
@@ -61,8 +64,12 @@ def scaled_dot_product_attention(
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
     dtype = query.dtype
-    # Scaling the queries costs T_q * d_k multiplies, scaling the scores T_q * T_k.
-    query = query * ops.cast(scale, dtype)
+    if mask is not None:
+        mask = ops.cast(mask, "bool")
+    fuse = bool(training) and dropout_rate > 0.0
+    if not fuse:
+        # Scaling the queries costs T_q * d_k multiplies, scaling the scores T_q * T_k.
+        query = query * ops.cast(scale, dtype)
     if query.shape[-2] == 1:
         # One query (a decoding step): K q^T reads the keys in their stored
         # (T_k, d_k) layout, where q K^T makes XLA:CPU copy them transposed
@@ -70,22 +77,46 @@ def scaled_dot_product_attention(
         scores = ops.swapaxes(ops.matmul(key, ops.swapaxes(query, -1, -2)), -1, -2)
     else:
         scores = ops.matmul(query, ops.swapaxes(key, -1, -2))  # (..., T_q, T_k)
-    scores = ops.cast(scores, "float32")
-    if mask is not None:
-        mask = ops.cast(mask, "bool")
-        # exp(-1e9 - max) is exactly 0 in float32: masked keys get zero weight.
-        scores = ops.where(mask, scores, _MASKED_SCORE)
-    weights = ops.cast(ops.softmax(scores, axis=-1), dtype)
-    attended = weights
-    if training and dropout_rate > 0.0:
-        attended = keras.random.dropout(weights, dropout_rate, seed=seed)
-    output = ops.matmul(attended, value)
-    if mask is not None:
-        # A row with no key to attend to would be uniform; make it zero. The
-        # output (T_q, d_v) is cheaper to zero than the weights (T_q, T_k).
-        has_key = ops.cast(ops.any(mask, axis=-1, keepdims=True), dtype)
-        output = output * has_key
-        weights = weights * has_key
+    if fuse:
+        # Training: scale, mask, softmax, the zeroing of key-less rows and
+        # dropout as one fused computation (`kzoo.ops.fused`), where scaling
+        # the scores costs nothing.
+        noise = dropout_noise(ops.shape(scores), dropout_rate, seed)
+        weights = fused(_dropped_weights, scores, mask, noise, scale=scale, rate=dropout_rate, both=return_scores)
+        weights, attended = weights if return_scores else (None, weights)
+        output = ops.matmul(attended, value)
+    else:
+        weights = _weights(scores, mask, dtype)
+        output = ops.matmul(weights, value)
+        if mask is not None:
+            # A row with no key to attend to would be uniform; make it zero.
+            # The output (T_q, d_v) is cheaper to zero than the weights (T_q, T_k).
+            has_key = ops.cast(ops.any(mask, axis=-1, keepdims=True), dtype)
+            output = output * has_key
+            weights = weights * has_key
     if return_scores:
         return output, weights
     return output
+
+
+def _weights(scores, mask, dtype, scale=None):
+    """softmax(scores * scale) in float32 over the keys `mask` allows, cast to `dtype`."""
+    scores = ops.cast(scores, "float32")
+    if scale is not None:
+        scores = scores * scale
+    if mask is not None:
+        # exp(-1e9 - max) is exactly 0 in float32: masked keys get zero weight.
+        scores = ops.where(mask, scores, _MASKED_SCORE)
+    return ops.cast(ops.softmax(scores, axis=-1), dtype)
+
+
+def _dropped_weights(scores, mask, noise, scale, rate, both):
+    """The weights after dropout, and with `both` the weights before it too.
+
+    Rows without a key to attend to are zero in both.
+    """
+    weights = _weights(scores, mask, scores.dtype, scale)
+    if mask is not None:
+        weights = weights * ops.cast(ops.any(mask, axis=-1, keepdims=True), weights.dtype)
+    dropped = dropout(weights, noise, rate)
+    return (weights, dropped) if both else dropped

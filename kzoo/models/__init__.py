@@ -5,6 +5,8 @@ and every preset (for `from_preset`).
 """
 
 from kzoo.models.backbone import Backbone
+from kzoo.models.cross_entropy import TokenCrossEntropy
+from kzoo.models.cross_entropy import token_cross_entropy
 from kzoo.models.perplexity import Perplexity
 from kzoo.models.presets import PRESETS
 from kzoo.models.presets import list_presets

@@ -2,6 +2,7 @@ import keras
 from keras import ops
 
 from kzoo.layers.masks import keras_mask
+from kzoo.models.cross_entropy import token_cross_entropy
 
 
 @keras.saving.register_keras_serializable(package="kzoo")
@@ -41,11 +42,12 @@ class Perplexity(keras.metrics.Metric):
 
     def update_state(self, y_true, y_pred, sample_weight=None):
         mask = keras_mask(y_pred)
-        cross_entropy = keras.losses.sparse_categorical_crossentropy(
-            ops.convert_to_tensor(y_true),
-            ops.cast(y_pred, "float32"),
-            from_logits=self.from_logits,
-        )  # (B, T)
+        if self.from_logits:
+            cross_entropy = token_cross_entropy(y_true, y_pred)  # (B, T)
+        else:
+            cross_entropy = keras.losses.sparse_categorical_crossentropy(
+                ops.convert_to_tensor(y_true), ops.cast(y_pred, "float32")
+            )
         if sample_weight is None:
             sample_weight = ops.ones_like(cross_entropy)
         sample_weight = ops.broadcast_to(

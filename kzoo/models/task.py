@@ -1,6 +1,7 @@
 import keras
 
 from kzoo.models import presets
+from kzoo.models.cross_entropy import TokenCrossEntropy
 from kzoo.models.multi_worker_trainer_mixin import MultiWorkerTrainerMixin
 
 
@@ -99,8 +100,9 @@ class Task(MultiWorkerTrainerMixin, keras.Model):
                 warmup_steps, decay_steps)` with `weight_decay`, global gradient
                 norm clipping at 1.0, and no decay of biases and LayerNorm
                 parameters; or any `keras.Model.compile` optimizer.
-            loss: "auto" for `SparseCategoricalCrossentropy(from_logits=True)`
-                averaged over the positions with non-zero sample weight.
+            loss: "auto" for `TokenCrossEntropy()`: the sparse softmax
+                cross-entropy from logits, averaged over the positions with
+                non-zero sample weight.
             weighted_metrics: "auto" for `default_metrics()`.
             learning_rate: float, the peak rate; defaults to
                 `default_learning_rate`.
@@ -128,9 +130,7 @@ class Task(MultiWorkerTrainerMixin, keras.Model):
             self._no_weight_decay = NO_WEIGHT_DECAY
         if loss == "auto":
             # The mean over weighted tokens: padding neither counts nor dilutes.
-            loss = keras.losses.SparseCategoricalCrossentropy(
-                from_logits=True, reduction="mean_with_sample_weight"
-            )
+            loss = TokenCrossEntropy()
         if weighted_metrics == "auto":
             weighted_metrics = self.default_metrics()
         super().compile(optimizer=optimizer, loss=loss, weighted_metrics=weighted_metrics, **kwargs)

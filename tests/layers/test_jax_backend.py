@@ -14,7 +14,7 @@ from tests.layers.test_serialization import build_model
 pytest.importorskip("jax")
 
 
-def test_model_saved_under_tensorflow_gives_the_same_outputs_under_jax(tmp_path):
+def test_model_saved_under_tensorflow_gives_the_same_outputs_and_trains_under_jax(tmp_path):
     model = build_model()
     inputs = [np.array([[3, 4, 5, 0, 0], [7, 8, 9, 10, 11]]), np.array([[1, 2, 3, 4], [5, 6, 0, 0]])]
     want = ops.convert_to_numpy(model(inputs))
@@ -46,7 +46,17 @@ def test_model_saved_under_tensorflow_gives_the_same_outputs_under_jax(tmp_path)
             error = ""
         except Exception as e:
             error = str(e)
-        np.savez({str(out_path)!r}, outputs=outputs, full=full, steps=np.concatenate(steps, 1), error=error)
+
+        # Training (kzoo's fused path, plain keras.ops under JAX), with dropout.
+        gpt = kzoo.models.GPTCausalLM(kzoo.models.GPTBackbone(
+            vocabulary_size=30, num_layers=1, num_heads=2, hidden_dim=16, intermediate_dim=32,
+            max_sequence_length=8, dropout=0.1))
+        gpt.compile(learning_rate=1e-2)
+        ids = np.random.default_rng(0).integers(1, 30, (4, 9))
+        x = {{"token_ids": ids[:, :-1], "padding_mask": np.ones((4, 8), "int32")}}
+        losses = gpt.fit(x, ids[:, 1:], epochs=20, verbose=0).history["loss"]
+        np.savez({str(out_path)!r}, outputs=outputs, full=full, steps=np.concatenate(steps, 1), error=error,
+                 losses=losses)
         """
     )
     env = dict(os.environ, KERAS_BACKEND="jax")
@@ -55,3 +65,5 @@ def test_model_saved_under_tensorflow_gives_the_same_outputs_under_jax(tmp_path)
     np.testing.assert_allclose(result["outputs"], want, atol=1e-5)
     np.testing.assert_allclose(result["steps"], result["full"], atol=1e-5)
     assert "`token_ids` must be in [0, 10)" in str(result["error"])
+    losses = result["losses"]
+    assert np.isfinite(losses).all() and losses[-1] < 0.7 * losses[0]
