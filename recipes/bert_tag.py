@@ -5,8 +5,10 @@
     python recipes/bert_tag.py --tasks ner --quick               # one task, a smoke run
 
 Fine-tunes one `kzoo.models.BertTokenClassifier` per task. Each word's label sits on its
-first word piece; its other pieces, [CLS], [SEP] and padding weigh 0 in the loss and the
-metrics (`kzoo.data.tagging_batches`), so the accuracy counts each word once.
+last word piece, where its suffix is (`--label-piece first` for BERT's usual first piece:
+UPOS dev 0.857 against 0.875 from the same pretraining); its other pieces, [CLS], [SEP] and
+padding weigh 0 in the loss and the metrics (`kzoo.data.tagging_batches`), so the accuracy
+counts each word once.
 
 - upos: trains on the EWT training subset, reports word accuracy on the dev set
   (`validation`), evaluated after each epoch.
@@ -40,6 +42,7 @@ DEFAULTS = dict(
     learning_rate=5e-4,
     tasks="upos,ner",
     sequence_length=128,
+    label_piece="last",
     **_common.VOCABULARY_DEFAULTS,
     pretrained=None,
 )
@@ -49,6 +52,7 @@ QUICK = dict(epochs=2, steps=16, batch_size=16, **_common.VOCABULARY_QUICK, sequ
 def add_arguments(parser):
     parser.add_argument("--tasks", help=f"comma-separated tasks: {', '.join(TASKS)}")
     parser.add_argument("--sequence-length", type=int, help="word pieces per sentence, [CLS] and [SEP] included")
+    parser.add_argument("--label-piece", choices=("first", "last"), help="the word piece that carries a word's label")
     _common.add_vocabulary_arguments(parser)
     parser.add_argument("--pretrained", help="the output folder of a bert_pretrain.py run to start from")
 
@@ -80,7 +84,7 @@ def train_tagger(args, run, task):
 
     def batches(split, **shuffle):
         return kzoo.data.tagging_batches(
-            splits[split], tokenizer, args.sequence_length, args.batch_size, **shuffle
+            splits[split], tokenizer, args.sequence_length, args.batch_size, label_piece=args.label_piece, **shuffle
         )
 
     num_tags = 1 + int(max(max(tags) for _, tags in splits["train"].as_numpy_iterator()))
@@ -102,12 +106,12 @@ def train_tagger(args, run, task):
 
 
 def predict_word_tags(tagger, batches):
-    """The predicted tag of every word, per sentence: the argmax at each word's first piece."""
+    """The predicted tag of every word, per sentence: the argmax at each word's labelled piece."""
     sentences = []
     for x, _, weights in batches:
         tags = np.argmax(tagger.predict_on_batch(x), axis=-1)
-        first_pieces = np.asarray(weights) > 0
-        sentences += [row[mask].tolist() for row, mask in zip(tags, first_pieces)]
+        labelled = np.asarray(weights) > 0
+        sentences += [row[mask].tolist() for row, mask in zip(tags, labelled)]
     return sentences
 
 

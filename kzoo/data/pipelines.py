@@ -248,6 +248,7 @@ def tagging_batches(
     start_token_id=CLS_ID,
     end_token_id=SEP_ID,
     ignore_label=0,
+    label_piece="first",
     shuffle_buffer_size=None,
     seed=None,
     cache=True,
@@ -255,7 +256,8 @@ def tagging_batches(
 ):
     """Token tagging batches with word labels aligned to sub-word tokens.
 
-    Each word is tokenized on its own; its label goes on its first piece. Its other pieces,
+    Each word is tokenized on its own; its label goes on its first piece (or its last, with
+    `label_piece="last"`: where the suffix is, which tells more of a part of speech). Its other pieces,
     `[CLS]`, `[SEP]` and padding get `ignore_label` and sample weight 0, so a weighted loss
     and metrics count each word once. A word the tokenizer turns into no piece at all (only
     possible with a tokenizer that drops characters) loses its label, and words past
@@ -270,8 +272,9 @@ def tagging_batches(
         batch_size: int.
         start_token_id: int or None (no start token).
         end_token_id: int or None (no end token).
-        ignore_label: int, the label of positions that are not a word's first piece; a valid
-            class id by default (0), so a plain sparse cross-entropy accepts it, weighted 0.
+        ignore_label: int, the label of positions that are not a word's labelled piece; a
+            valid class id by default (0), so a plain sparse cross-entropy accepts it, weighted 0.
+        label_piece: "first" or "last", the piece of each word that carries its label.
         shuffle_buffer_size: int or None (no shuffling).
         seed: int or None, the shuffle seed.
         cache: bool, keep tokenized examples in memory after the first pass.
@@ -280,7 +283,7 @@ def tagging_batches(
     Returns:
         A `tf.data.Dataset` of `(x, labels, sample_weight)`, all `[batch, sequence_length]`:
         `x` holds the BERT inputs `"token_ids"`, `"segment_ids"` (zeros) and `"padding_mask"`
-        (True on real tokens); int32 labels; float32 weights, 1.0 on each word's first piece,
+        (True on real tokens); int32 labels; float32 weights, 1.0 on each word's labelled piece,
         else 0.0.
 
     Example:
@@ -296,15 +299,20 @@ def tagging_batches(
         # The values of one tensor at the start and end positions, where those exist.
         return (None if start_token_id is None else value, None if end_token_id is None else value)
 
+    if label_piece not in ("first", "last"):
+        raise ValueError(f'`label_piece` must be "first" or "last"; received label_piece={label_piece!r}.')
+
     def encode(words, tags):
         pieces = tokenize(tokenizer, words)
-        is_first = tf.ragged.range(pieces.row_lengths()).flat_values == 0
-        word_labels = tf.repeat(tf.cast(tags, tf.int32), pieces.row_lengths())
-        labels = tf.where(is_first, word_labels, ignore_label)
+        lengths = pieces.row_lengths()
+        index = tf.ragged.range(lengths).flat_values
+        labelled = index == (0 if label_piece == "first" else tf.repeat(lengths - 1, lengths))
+        word_labels = tf.repeat(tf.cast(tags, tf.int32), lengths)
+        labels = tf.where(labelled, word_labels, ignore_label)
         token_ids = _wrap(pieces.flat_values, sequence_length, start_token_id, end_token_id)
         x = _bert_inputs(token_ids)
         labels = _wrap(labels, sequence_length, *special(ignore_label))
-        sample_weight = _wrap(tf.cast(is_first, tf.float32), sequence_length, *special(0.0))
+        sample_weight = _wrap(tf.cast(labelled, tf.float32), sequence_length, *special(0.0))
         return x, labels, sample_weight
 
     dataset = examples.map(encode, num_parallel_calls=_AUTOTUNE, deterministic=True)

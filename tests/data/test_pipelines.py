@@ -86,6 +86,19 @@ def test_tagging_puts_each_label_on_the_first_sub_word_piece():
     assert x["segment_ids"] == [[0] * 10]
 
 
+def test_tagging_can_put_each_label_on_the_last_sub_word_piece():
+    words = tf.ragged.constant([["the", "cats", "new"]])
+    examples = tf.data.Dataset.from_tensor_slices((words, tf.ragged.constant([[4, 3, 7]])))
+    batches = tagging_batches(examples, word_piece_tokenizer(VOCABULARY), 7, 1, ignore_label=-1, label_piece="last")
+    ((x, labels, weights),) = as_lists(batches)
+    #                         [CLS]  the  cat ##s  new  [SEP] pad
+    assert x["token_ids"] == [[CLS_ID, 7, 8, 9, 10, SEP_ID, 0]]
+    assert labels == [[-1, 4, -1, 3, 7, -1, -1]]
+    assert weights == [[0.0, 1.0, 0.0, 1.0, 1.0, 0.0, 0.0]]
+    with pytest.raises(ValueError, match='`label_piece` must be "first" or "last"'):
+        tagging_batches(examples, word_piece_tokenizer(VOCABULARY), 7, 1, label_piece="middle")
+
+
 def test_tagging_truncation_keeps_ids_labels_and_weights_aligned():
     words, tags = tf.ragged.constant([["cats", "cats", "cats"]]), tf.ragged.constant([[1, 2, 3]])
     examples = tf.data.Dataset.from_tensor_slices((words, tags))
