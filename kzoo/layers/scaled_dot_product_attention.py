@@ -1,6 +1,5 @@
 import math
 
-import keras
 from keras import ops
 
 from kzoo.layers._validation import check_rate
