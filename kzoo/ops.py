@@ -168,10 +168,10 @@ def dropout(x, noise, rate):
     """
     if noise is None:
         return x
-    if keras.backend.standardize_dtype(noise.dtype) != "int32":  # uniform floats
-        keep = ops.cast(ops.greater_equal(noise, rate), x.dtype)
-        return x * keep * ops.cast(1.0 / (1.0 - rate), x.dtype)
-    numbers = ops.stack([ops.bitwise_and(noise, 0xFFFF), ops.bitwise_and(ops.right_shift(noise, 16), 0xFFFF)], -1)
-    numbers = ops.reshape(numbers, (*ops.shape(noise)[:-1], -1))[..., : x.shape[-1]]
-    keep = ops.cast(ops.greater_equal(numbers, round(rate * 65536)), x.dtype)
-    return x * keep * ops.cast(1.0 / (1.0 - rate), x.dtype)
+    if keras.backend.standardize_dtype(noise.dtype) == "int32":
+        numbers = ops.stack([ops.bitwise_and(noise, 0xFFFF), ops.bitwise_and(ops.right_shift(noise, 16), 0xFFFF)], -1)
+        numbers = ops.reshape(numbers, (*ops.shape(noise)[:-1], -1))[..., : x.shape[-1]]
+        kept = ops.greater_equal(numbers, round(rate * 65536))
+    else:  # uniform floats
+        kept = ops.greater_equal(noise, rate)
+    return x * ops.cast(kept, x.dtype) * ops.cast(1.0 / (1.0 - rate), x.dtype)

@@ -90,12 +90,17 @@ def scaled_dot_product_attention(
         if mask is not None:
             # A row with no key to attend to would be uniform; make it zero.
             # The output (T_q, d_v) is cheaper to zero than the weights (T_q, T_k).
-            has_key = ops.cast(ops.any(mask, axis=-1, keepdims=True), dtype)
+            has_key = _has_key(mask, dtype)
             output = output * has_key
             weights = weights * has_key
     if return_scores:
         return output, weights
     return output
+
+
+def _has_key(mask, dtype):
+    """1 for the query rows `mask` lets attend to some key, else 0: `(..., T_q, 1)`."""
+    return ops.cast(ops.any(mask, axis=-1, keepdims=True), dtype)
 
 
 def _weights(scores, mask, dtype, scale=None):
@@ -116,6 +121,6 @@ def _dropped_weights(scores, mask, noise, scale, rate, both):
     """
     weights = _weights(scores, mask, scores.dtype, scale)
     if mask is not None:
-        weights = weights * ops.cast(ops.any(mask, axis=-1, keepdims=True), weights.dtype)
+        weights = weights * _has_key(mask, weights.dtype)
     dropped = dropout(weights, noise, rate)
     return (weights, dropped) if both else dropped
