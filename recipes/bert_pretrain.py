@@ -5,14 +5,16 @@
 
 Gathers the unlabelled text of the training splits of `--datasets` (labels are dropped; no
 validation or test text is read, so the fine-tuning recipes evaluate on text this model
-never saw), fits an uncased WordPiece vocabulary on a sample of it (`--vocabulary-texts`),
-and trains `kzoo.models.BertMaskedLM` with BERT's masking (15% of the tokens: 80% [MASK],
-10% random, 10% kept; `kzoo.data.masked_lm_batches`). A seeded 2% of the texts is held out
-to validate on.
+never saw), fits a cased WordPiece vocabulary on a sample of it (`--vocabulary-texts`;
+`--no-cased` lowercases), and trains `kzoo.models.BertMaskedLM` with BERT's masking (15% of
+the tokens: 80% [MASK], 10% random, 10% kept; `kzoo.data.masked_lm_batches`). A seeded 2% of
+the texts is held out to validate on.
 
 Saves `model.keras` and the tokenizer (`tokenizer.json`, `vocabulary.txt`) into the output
 folder; `--pretrained` of the fine-tuning recipes reads that folder.
 """
+
+import argparse
 
 import _common
 import keras
@@ -32,15 +34,16 @@ TEXT_FEATURES = {
 }
 DEFAULTS = dict(
     preset="bert_tiny",
-    steps=2000,
+    steps=4000,
     epochs=4,
     batch_size=64,
-    learning_rate=5e-4,
+    learning_rate=1e-3,
     datasets=",".join(TEXT_FEATURES),
     sequence_length=64,
     max_sequence_length=128,
     **_common.VOCABULARY_DEFAULTS,
     max_texts=None,
+    cased=True,
 )
 QUICK = dict(epochs=2, steps=20, batch_size=16, **_common.VOCABULARY_QUICK, datasets="kzoo_rt_polarity", max_texts=2000)
 VALIDATION_FRACTION = 0.02
@@ -54,6 +57,11 @@ def add_arguments(parser):
     )
     _common.add_vocabulary_arguments(parser)
     parser.add_argument("--max-texts", type=int, help="use only this many texts, a seeded sample (default: all)")
+    parser.add_argument(
+        "--cased",
+        action=argparse.BooleanOptionalAction,
+        help="keep letter case, which tells proper nouns apart; --no-cased lowercases everything",
+    )
 
 
 def main(argv=None):
@@ -62,7 +70,7 @@ def main(argv=None):
     texts = corpus_texts(args)
     splits = kzoo.data.seeded_split(texts, {"train": 1 - VALIDATION_FRACTION, "validation": VALIDATION_FRACTION}, args.seed)
     print(f"{len(splits['train']):,} training and {len(splits['validation']):,} validation texts.")
-    tokenizer = _common.word_piece_tokenizer(args, splits["train"], lowercase=True)
+    tokenizer = _common.word_piece_tokenizer(args, splits["train"], lowercase=not args.cased)
 
     def batches(split, **shuffle):
         texts = tf.data.Dataset.from_tensor_slices(splits[split])

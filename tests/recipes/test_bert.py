@@ -7,6 +7,8 @@ import bert_pretrain
 import bert_tag
 import pytest
 
+import kzoo.data
+
 from tests.recipes.conftest import check_run_files
 
 
@@ -23,6 +25,9 @@ def test_pretrain_writes_a_masked_lm_and_its_tokenizer(pretrained):
     record = json.loads((pretrained / "metrics.json").read_text())
     assert record["metrics"]["texts"] == bert_pretrain.QUICK["max_texts"]
     assert (pretrained / "model.keras").is_file() and (pretrained / "vocabulary.txt").is_file()
+    # Cased by default: a capital tells a proper noun apart, and the taggers read it.
+    tokenizer = kzoo.data.load_tokenizer(pretrained)
+    assert list(tokenizer("Apple")) != list(tokenizer("apple"))
 
 
 def test_classify_from_scratch_beside_the_bag_of_words_baseline(run_recipe):
