@@ -137,6 +137,13 @@ def dropout_noise(shape, rate, seed):
         # A whole-model XLA step draws and unpacks bits 15% slower than it draws floats.
         return keras.random.uniform(shape, seed=seed)
     shape = (*shape[:-1], (shape[-1] + 1) // 2)
+    if keras.backend.backend() == "tensorflow" and isinstance(seed, keras.random.SeedGenerator):
+        import tensorflow as tf
+
+        # All 32 bits of each draw: `randint`'s reduction to a range made the
+        # draws 25% slower. Keras folds its int64 seeds into int32 the same way.
+        seed = tf.cast(tf.math.floormod(seed.next(), tf.int32.max - 1), "int32")
+        return tf.random.stateless_uniform(shape, seed, minval=None, maxval=None, dtype="int32")
     return keras.random.randint(shape, -(2**31), 2**31 - 1, dtype="int32", seed=seed)
 
 

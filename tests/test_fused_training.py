@@ -69,6 +69,45 @@ def test_dropout_noise_drops_at_the_rate_and_is_seeded():
     np.testing.assert_array_equal(noise, dropout_noise((1000, 201), 0.1, seed=7))
 
 
+def test_noise_from_a_seed_generator_uses_all_32_bits_at_the_rate():
+    # The layers' path under TensorFlow: full-range draws, a new draw per call.
+    seed = keras.random.SeedGenerator(3)
+    draw = tf.function(lambda: dropout_noise((1000, 201), 0.1, seed))
+    noise, again = draw(), draw()
+    assert tuple(noise.shape) == (1000, 101) and noise.dtype == "int32"
+    bits = ops.convert_to_numpy(noise)
+    assert bits.min() < -(2**31) + 2**22 and bits.max() > 2**31 - 2**22
+    dropped = ops.convert_to_numpy(dropout(ops.ones((1000, 201)), noise, 0.1)) == 0
+    assert abs(dropped[:, 0::2].mean() - 0.1) < 0.004 and abs(dropped[:, 1::2].mean() - 0.1) < 0.004
+    assert not np.array_equal(bits, ops.convert_to_numpy(again))
+
+
+def test_bert_embedding_norm_is_the_sum_normalized_then_dropped():
+    from kzoo.models.bert.bert_backbone import LayerNormalization
+
+    a, b = tf.constant(random(4, 64, 32)), tf.constant(random(4, 64, 32, seed=1))
+    norm = LayerNormalization(0.5, epsilon=1e-12)
+    plain = keras.layers.LayerNormalization(epsilon=1e-12)(a + b)
+    np.testing.assert_allclose(norm([a, b]), plain, rtol=1e-5, atol=1e-5)
+    trained = ops.convert_to_numpy(tf.function(lambda: norm([a, b], training=True))())
+    kept = trained != 0
+    np.testing.assert_allclose(trained[kept], 2 * ops.convert_to_numpy(plain)[kept], rtol=1e-5, atol=1e-5)
+    assert abs(kept.mean() - 0.5) < 0.02
+    assert LayerNormalization.from_config(norm.get_config()).dropout == 0.5
+
+
+def test_bert_weights_keep_the_keras_layer_norm_path(tmp_path):
+    # Files saved when the embedding LayerNorm was `keras.layers.LayerNormalization` still load.
+    import zipfile
+
+    import h5py
+
+    backbone = kzoo.models.BertBackbone(vocabulary_size=50, num_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=16)
+    backbone.save(tmp_path / "bert.keras")
+    with zipfile.ZipFile(tmp_path / "bert.keras") as archive, archive.open("model.weights.h5") as weights:
+        assert list(h5py.File(weights)["layers/layer_normalization/vars"]) == ["0", "1"]
+
+
 def test_inside_whole_model_xla_the_noise_is_uniform_floats():
     seed = keras.random.SeedGenerator(1)
     noise = tf.function(lambda: dropout_noise((4, 5), 0.1, seed), jit_compile=True)()

@@ -1,4 +1,7 @@
+import functools
+
 import keras
+from keras import ops
 
 from kzoo.layers import TokenAndPositionEmbedding
 from kzoo.layers import TransformerEncoderBlock
@@ -9,6 +12,9 @@ from kzoo.models.backbone import Backbone
 from kzoo.models.keras_hub_weights import copy_weights
 from kzoo.models.keras_hub_weights import keras_hub_config
 from kzoo.models.keras_hub_weights import transformer_block_pairs
+from kzoo.ops import dropout as drop
+from kzoo.ops import dropout_noise
+from kzoo.ops import fused
 
 # BERT's LayerNorm epsilon, kept so that converted checkpoints match exactly.
 BERT_LAYER_NORM_EPSILON = 1e-12
@@ -111,11 +117,9 @@ class BertBackbone(Backbone):
             dtype=dtype,
             name="segment_embedding",
         )
-        self.embedding_add = keras.layers.Add(dtype=dtype, name="embedding_add")
-        self.embedding_norm = keras.layers.LayerNormalization(
-            epsilon=BERT_LAYER_NORM_EPSILON, dtype=dtype, name="embedding_norm"
+        self.embedding_norm = LayerNormalization(
+            dropout, epsilon=BERT_LAYER_NORM_EPSILON, dtype=dtype, name="embedding_norm"
         )
-        self.embedding_dropout = keras.layers.Dropout(dropout, dtype=dtype, name="embedding_dropout")
         self.transformer_blocks = [
             TransformerEncoderBlock(
                 num_heads,
@@ -141,8 +145,7 @@ class BertBackbone(Backbone):
         token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
         segment_ids = keras.Input(shape=(None,), dtype="int32", name="segment_ids")
         padding_mask = keras.Input(shape=(None,), dtype="int32", name="padding_mask")
-        x = self.embedding_add([self.embedding(token_ids), self.segment_embedding(segment_ids)])
-        x = self.embedding_dropout(self.embedding_norm(x))  # (B, T, d)
+        x = self.embedding_norm([self.embedding(token_ids), self.segment_embedding(segment_ids)])  # (B, T, d)
         for block in self.transformer_blocks:
             x = block(x, padding_mask=padding_mask)
         pooled_output = self.pooler(x[:, 0, :])  # (B, d), from [CLS]
@@ -198,3 +201,49 @@ class BertBackbone(Backbone):
             pairs += transformer_block_pairs(block, hub_layer)
         copy_weights(pairs)
         return backbone
+
+
+@keras.saving.register_keras_serializable(package="kzoo", name="BertEmbeddingNorm")
+class LayerNormalization(keras.layers.LayerNormalization):
+    """BERT's embedding output: Dropout(LayerNorm(sum of the inputs)).
+
+    In training, the sum, LayerNorm and dropout run as one fused computation
+    (`kzoo.ops.fused`), with the cheaper dropout noise of `kzoo.ops`; inference
+    is the plain sum and LayerNorm. Named as the Keras layer it extends: a
+    `.keras` file stores a layer's weights under its class name, so files
+    saved with `keras.layers.LayerNormalization` here still load.
+
+    Args:
+        dropout: float in [0, 1), the dropout rate after the LayerNorm.
+        **kwargs: `keras.layers.LayerNormalization` arguments.
+
+    Example:
+    >>> norm = LayerNormalization(0.1)
+    >>> norm([keras.ops.ones((2, 3, 4)), keras.ops.zeros((2, 3, 4))]).shape
+    (2, 3, 4)
+    """
+
+    def __init__(self, dropout=0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.dropout = check_rate("dropout", dropout)
+        self.seed_generator = keras.random.SeedGenerator() if dropout else None
+
+    def build(self, input_shape):
+        super().build(input_shape[0])
+
+    def call(self, inputs, training=None):
+        norm = functools.partial(keras.layers.LayerNormalization.call, self)
+        if not training:
+            return norm(functools.reduce(ops.add, inputs))
+        noise = dropout_noise(ops.shape(inputs[0]), self.dropout, self.seed_generator)
+        return fused(_sum_norm_dropout, noise, *inputs, rate=self.dropout, norm=norm)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape[0]
+
+    def get_config(self):
+        return {**super().get_config(), "dropout": self.dropout}
+
+
+def _sum_norm_dropout(noise, *inputs, rate, norm):
+    return drop(norm(functools.reduce(ops.add, inputs)), noise, rate)
