@@ -6,7 +6,7 @@
 
 Fine-tunes one `kzoo.models.BertTokenClassifier` per task. Each word's label sits on its
 last word piece, where its suffix is (`--label-piece first` for BERT's usual first piece:
-UPOS dev 0.857 against 0.875 from the same pretraining); its other pieces, [CLS], [SEP] and
+UPOS dev 0.857 against 0.875 from one earlier pretraining); its other pieces, [CLS], [SEP] and
 padding weigh 0 in the loss and the metrics (`kzoo.data.tagging_batches`), so the accuracy
 counts each word once.
 
