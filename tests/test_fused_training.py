@@ -69,7 +69,7 @@ def test_dropout_noise_drops_at_the_rate_and_is_seeded():
     np.testing.assert_array_equal(noise, dropout_noise((1000, 201), 0.1, seed=7))
 
 
-def test_noise_from_a_seed_generator_uses_all_32_bits_at_the_rate():
+def test_noise_from_a_seed_generator_spans_int32_drops_at_the_rate_and_differs_per_call():
     # The layers' path under TensorFlow: full-range draws, a new draw per call.
     seed = keras.random.SeedGenerator(3)
     draw = tf.function(lambda: dropout_noise((1000, 201), 0.1, seed))

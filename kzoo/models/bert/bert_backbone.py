@@ -232,7 +232,7 @@ class LayerNormalization(keras.layers.LayerNormalization):
         super().build(input_shape[0])
 
     def call(self, inputs, training=None):
-        norm = functools.partial(keras.layers.LayerNormalization.call, self)
+        norm = super().call
         if not training:
             return norm(functools.reduce(ops.add, inputs))
         noise = dropout_noise(ops.shape(inputs[0]), self.dropout, self.seed_generator)
