@@ -48,16 +48,25 @@ def median_time(fn, repeats):
 def environment():
     import keras
     import keras_hub
-    import tensorflow as tf
 
-    return {
+    record = {
         "cpu": platform.processor() or platform.machine(),
         "cores": os.cpu_count(),
-        "tensorflow": tf.__version__,
+        "backend": keras.backend.backend(),
         "keras": keras.__version__,
         "keras_hub": keras_hub.__version__,
-        "TF_ENABLE_ONEDNN_OPTS": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "(default)"),
     }
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        record["tensorflow"] = tf.__version__
+        record["TF_ENABLE_ONEDNN_OPTS"] = os.environ.get("TF_ENABLE_ONEDNN_OPTS", "(default)")
+    elif keras.backend.backend() == "jax":
+        import jax
+
+        record["jax"] = jax.__version__
+        record["devices"] = [str(device.device_kind) for device in jax.devices()]
+    return record
 
 
 def report(name, results, path=None):

@@ -27,3 +27,13 @@ def test_seq2seq_peer_is_the_same_size_as_kzoos_model():
     # 64 x 64 target tokens (6 N + 12 d (L_enc S + 2 L_dec S)), d = 64, S = T = 64, L = 2 + 2
     assert flops(ours()) == 64 * 64 * (6 * 297_472 + 12 * 64 * (2 * 64 + 2 * 2 * 64))
     assert tokens == 2 * 64 * 64
+
+
+@pytest.mark.parametrize("case", [training.gpt_case, training.bert_case, training.seq2seq_case])
+def test_batch_multiplier_scales_tokens_and_flops_together(case):
+    _, tokens, _, ours, flops = case(np.random.default_rng(0))
+    data, tokens_x2, _, _, flops_x2 = case(np.random.default_rng(0), 2)
+    model = ours()
+    assert tokens_x2 == 2 * tokens and flops_x2(model) == 2 * flops(model)
+    x = next(iter(data))[0]
+    assert len(next(iter(x.values()))) == 2 * {training.gpt_case: 16, training.bert_case: 32}.get(case, 64)
