@@ -5,7 +5,8 @@ For two recipes' pipelines, built by the recipes' own code at their default sett
     start position (`kzoo.data.lm_windows`), into its default `gpt_tiny` model;
   - `bert_pretrain.py`: WordPiece tokenization and keras-hub's
     `MaskedLMMaskGenerator` on the fly (`kzoo.data.masked_lm_batches`) over the
-    rt-polarity texts, into its default `bert_tiny` model;
+    rt-polarity texts, packed into full rows as the recipe does, into its default
+    `bert_tiny` model;
 one compiled model trains alternately on the live pipeline and on `--batches`
 batches taken from it and held in memory (`cache()` after one pass), one epoch
 of `--steps` steps each per round. A step is timed from `on_train_batch_begin`
@@ -55,7 +56,7 @@ def bert_pretrain_case():
     tokenizer = _common.word_piece_tokenizer(args, texts, lowercase=True)
     batches = kzoo.data.masked_lm_batches(
         tf.data.Dataset.from_tensor_slices(texts), tokenizer, args.sequence_length, args.batch_size,
-        seed=args.seed, shuffle_buffer_size=len(texts),
+        pack=args.pack, seed=args.seed, shuffle_buffer_size=len(texts),
     )
     backbone = kzoo.models.BertBackbone.from_preset(
         args.preset, vocabulary_size=tokenizer.vocabulary_size(), max_sequence_length=args.max_sequence_length

@@ -99,6 +99,7 @@ def masked_lm_batches(
     start_token_id=CLS_ID,
     end_token_id=SEP_ID,
     mask_token_id=MASK_ID,
+    pack=False,
     shuffle_buffer_size=None,
     seed=None,
     cache=True,
@@ -106,7 +107,12 @@ def masked_lm_batches(
 ):
     """BERT masked-LM batches in the input format of keras-hub's `BertMaskedLM`.
 
-    Each text becomes `[CLS] tokens [SEP]`, padded. `keras_hub.layers.MaskedLMMaskGenerator`
+    Each text becomes `[CLS] tokens [SEP]`, padded. With `pack=True` the texts are instead
+    packed as RoBERTa's full sentences: the (shuffled) texts, each followed by `[SEP]`, run on
+    as one stream cut into rows `[CLS]` + `sequence_length - 1` tokens, so no row is padded and
+    a long text continues on the next row (a last, partial row of each pass is dropped). For
+    corpora of short texts this puts several times more tokens, and masked targets, into each
+    step. `keras_hub.layers.MaskedLMMaskGenerator`
     then selects `mask_selection_rate` of the tokens (never padding, `[CLS]` or `[SEP]`) and
     replaces 80% of them with `[MASK]`, 10% with a random token and leaves 10%. Masks are
     drawn after caching and shuffling, on every pass. Without a `seed` each pass draws new
@@ -128,7 +134,9 @@ def masked_lm_batches(
         start_token_id: int or None (no start token).
         end_token_id: int or None (no end token).
         mask_token_id: int.
-        shuffle_buffer_size: int or None (no shuffling).
+        pack: bool, pack texts into full rows (needs `start_token_id` and `end_token_id`).
+        shuffle_buffer_size: int or None (no shuffling); with `pack`, the texts are shuffled
+            before packing, so each pass packs them differently.
         seed: int or None; fixes the shuffle and the masks.
         cache: bool, keep tokenized texts in memory after the first pass.
         drop_remainder: bool, drop a last, smaller batch.
@@ -152,6 +160,8 @@ def masked_lm_batches(
         vocabulary_size = _vocabulary_size(tokenizer)
     mask_selection_length = mask_selection_length or math.ceil(sequence_length * mask_selection_rate)
     special_ids = [PAD_ID] + [i for i in (start_token_id, end_token_id) if i is not None]
+    if pack and (start_token_id is None or end_token_id is None):
+        raise ValueError("`pack=True` needs a `start_token_id` and an `end_token_id` to mark the rows and the texts.")
     masker = keras_hub.layers.MaskedLMMaskGenerator(
         vocabulary_size=vocabulary_size,
         mask_selection_rate=mask_selection_rate,
@@ -161,7 +171,12 @@ def masked_lm_batches(
     )
 
     def encode(text):
+        if pack:
+            return _wrap(_tokenize_one(tokenizer, text), None, end=end_token_id)
         return _wrap(_tokenize_one(tokenizer, text), sequence_length, start_token_id, end_token_id)
+
+    def start_row(tokens):
+        return tf.concat([tf.constant([start_token_id], tokens.dtype), tokens], axis=0)
 
     def mask(token_ids):
         if seed is not None:
@@ -175,6 +190,8 @@ def masked_lm_batches(
 
     dataset = texts.map(encode, num_parallel_calls=_AUTOTUNE, deterministic=True)
     dataset = _cache_and_shuffle(dataset, cache, shuffle_buffer_size, seed)
+    if pack:
+        dataset = dataset.unbatch().batch(sequence_length - 1, drop_remainder=True).map(start_row)
     dataset = dataset.map(mask, num_parallel_calls=None if seed is not None else _AUTOTUNE)
     padded_shapes = (
         {**{key: [sequence_length] for key in _BERT_INPUTS}, "mask_positions": [mask_selection_length]},
@@ -596,10 +613,13 @@ def _tokenize_one(tokenizer, string):
 
 
 def _wrap(values, max_length, start=None, end=None):
-    """`[start] values [end]`, without the `None` ones, with `values` cut to fit `max_length`."""
+    """`[start] values [end]`, without the `None` ones, with `values` cut to fit `max_length`
+    (None: not cut)."""
     prefix = [] if start is None else [tf.constant([start], values.dtype)]
     suffix = [] if end is None else [tf.constant([end], values.dtype)]
-    return tf.concat([*prefix, values[: max_length - len(prefix) - len(suffix)], *suffix], axis=0)
+    if max_length is not None:
+        values = values[: max_length - len(prefix) - len(suffix)]
+    return tf.concat([*prefix, values, *suffix], axis=0)
 
 
 def _batch_or_bucket(dataset, batch_size, padded_shapes, bucket_boundaries, element_length, drop_remainder):

@@ -257,6 +257,32 @@ def test_masked_lm_batches_mask_only_real_tokens_and_record_the_originals():
     assert 0.7 < mask_tokens / selections < 0.9  # BERT's 80% [MASK]
 
 
+def test_packed_masked_lm_rows_run_the_texts_on_without_padding():
+    texts = ["ab", "cde", "f", "ghijk", "lm", "nopq"]  # 6 texts + 6 [SEP]s = 23 stream tokens
+    stream = [token for text in texts for token in [*map(ord, text), SEP_ID]]
+    dataset = masked_lm_batches(
+        tf.data.Dataset.from_tensor_slices(texts), character_tokenizer(), 6, 2, pack=True, mask_selection_rate=0.4
+    )
+    batches = as_lists(dataset)
+    assert [len(x["token_ids"]) for x, _, _ in batches] == [2, 2]  # 4 rows of 5 stream tokens; 3 left over
+    rows, selected = [], 0
+    for x, mask_ids, mask_weights in batches:
+        assert all(all(mask) for mask in x["padding_mask"])
+        selected += sum(map(sum, mask_weights))
+        for row, positions, ids, weights in zip(x["token_ids"], x["mask_positions"], mask_ids, mask_weights):
+            restored = list(row)
+            for p, token, weight in zip(positions, ids, weights):
+                if weight:
+                    assert restored[p] not in (CLS_ID, SEP_ID)  # specials are never selected
+                    restored[p] = token
+            rows.append(restored)
+    assert [row[0] for row in rows] == [CLS_ID] * 4
+    assert [token for row in rows for token in row[1:]] == stream[:20]
+    assert selected > 0
+    with pytest.raises(ValueError, match="start_token_id"):
+        masked_lm_batches(tf.data.Dataset.from_tensor_slices(texts), character_tokenizer(), 6, 2, pack=True, start_token_id=None)
+
+
 @pytest.mark.parametrize("pipeline", ["masked_lm", "classification", "seq2seq", "conditional_lm"])
 def test_pipelines_are_deterministic_under_a_seed(pipeline):
     # tests/conftest.py seeds TensorFlow globally, which alone would make random ops repeat;
