@@ -58,16 +58,16 @@ def check_token_ids(token_ids, vocabulary_size, name="token_ids"):
         )
         with tf.control_dependencies([check]):
             token_ids = tf.identity(token_ids)
-    elif backend == "jax":
+    elif backend == "jax" and _traced_by_jax(token_ids):
         import jax
 
-        def raise_if_invalid(all_valid, low, high):
-            if not all_valid:
-                raise ValueError(f"{message} Got min={low}, max={high}.")
+        # Compiled: only on CPU, where the host callback is cheap (see above).
+        if jax.default_backend() == "cpu":
 
-        if not isinstance(token_ids, jax.core.Tracer):
-            raise_if_invalid(bool(ops.all(valid)), int(ops.min(token_ids)), int(ops.max(token_ids)))
-        elif jax.default_backend() == "cpu":
+            def raise_if_invalid(all_valid, low, high):
+                if not all_valid:
+                    raise ValueError(f"{message} Got min={low}, max={high}.")
+
             jax.debug.callback(
                 raise_if_invalid, ops.all(valid), ops.min(token_ids), ops.max(token_ids)
             )
@@ -77,6 +77,13 @@ def check_token_ids(token_ids, vocabulary_size, name="token_ids"):
             f"max={int(ops.max(token_ids))}."
         )
     return token_ids, valid
+
+
+def _traced_by_jax(x):
+    """Whether `x` is a JAX tracer (inside `jax.jit`), not a concrete array."""
+    import jax
+
+    return isinstance(x, jax.core.Tracer)
 
 
 def fused(fn, *args, **kwargs):
