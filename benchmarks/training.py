@@ -271,6 +271,8 @@ def main():
     parser.add_argument("--out", default=None)
     parser.add_argument("--batch-multiplier", type=int, default=1, help="scale every batch (for accelerators)")
     args = parser.parse_args()
+    if args.batch_multiplier < 1:
+        parser.error(f"--batch-multiplier must be >= 1; received {args.batch_multiplier}.")
 
     if not TENSORFLOW:  # the backend compiles every step; accelerators have bf16 units
         rows = [("float32", True), ("mixed_bfloat16", True)]
