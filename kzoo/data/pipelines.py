@@ -17,6 +17,7 @@ import math
 
 import keras_hub
 import tensorflow as tf
+import tensorflow_text as tf_text
 
 from kzoo.data.tokenizers import BOS_ID
 from kzoo.data.tokenizers import CLS_ID
@@ -118,7 +119,8 @@ def masked_lm_batches(
     drawn after caching and shuffling, on every pass. Without a `seed` each pass draws new
     masks. With a `seed` the masks are reproducible: every pass replays the same random draws
     over that pass's order, so give a `shuffle_buffer_size` for masks that differ between
-    epochs. (The seeded masking step runs sequentially: the generator's random ops are stateful.)
+    epochs. Masks are drawn a whole batch at a time (seeded, sequentially: the generator's
+    random ops are stateful, and its row shuffles are made stateless to be reproducible).
 
     Args:
         texts: a `tf.data.Dataset` of strings.
@@ -175,30 +177,29 @@ def masked_lm_batches(
             return _wrap(_tokenize_one(tokenizer, text), None, end=end_token_id)
         return _wrap(_tokenize_one(tokenizer, text), sequence_length, start_token_id, end_token_id)
 
-    def start_row(tokens):
-        return tf.concat([tf.constant([start_token_id], tokens.dtype), tokens], axis=0)
-
     def mask(token_ids):
         if seed is not None:
             # Sets the seed of this tf.data function's graph only (it is traced, not eager),
             # which fixes the op seeds of the masker's random ops.
             tf.compat.v1.set_random_seed(seed)
+            _shuffle_rows_statelessly(masker, token_ids)
         masked = masker(token_ids)
-        mask_positions = tf.cast(masked["mask_positions"], tf.int32)
-        x = {**_bert_inputs(masked["token_ids"]), "mask_positions": mask_positions}
+        x = {
+            "token_ids": masked["token_ids"],
+            "segment_ids": tf.zeros_like(token_ids),
+            # From the ids before masking: a random replacement may draw the padding id.
+            "padding_mask": token_ids != PAD_ID,
+            "mask_positions": tf.cast(masked["mask_positions"], tf.int32),
+        }
         return x, tf.cast(masked["mask_ids"], tf.int32), masked["mask_weights"]
 
     dataset = texts.map(encode, num_parallel_calls=_AUTOTUNE, deterministic=True)
     dataset = _cache_and_shuffle(dataset, cache, shuffle_buffer_size, seed)
     if pack:
-        dataset = dataset.unbatch().batch(sequence_length - 1, drop_remainder=True).map(start_row)
+        dataset = _pack(dataset, sequence_length - 1, start_token_id)
+    # Whole batches are masked in one call, which costs the CPU a fraction of one call per row.
+    dataset = dataset.padded_batch(batch_size, padded_shapes=[sequence_length], drop_remainder=drop_remainder)
     dataset = dataset.map(mask, num_parallel_calls=None if seed is not None else _AUTOTUNE)
-    padded_shapes = (
-        {**{key: [sequence_length] for key in _BERT_INPUTS}, "mask_positions": [mask_selection_length]},
-        [mask_selection_length],
-        [mask_selection_length],
-    )
-    dataset = dataset.padded_batch(batch_size, padded_shapes=padded_shapes, drop_remainder=drop_remainder)
     return dataset.prefetch(_AUTOTUNE)
 
 
@@ -576,6 +577,50 @@ def _token_vector(token_ids):
             f"of shape {token_ids.shape}."
         )
     return tf.cast(token_ids, tf.int32)
+
+
+def _pack(token_ids, row_length, start_token_id, texts_per_chunk=256):
+    """The 1-D sequences of `token_ids` run on as one stream, cut into `[start] + row_length`
+    token rows; the last, partial row is dropped.
+
+    The stream is cut a chunk of texts at a time, carrying the cut-off tail into the next
+    chunk: a fraction of the CPU time of unbatching it one token at a time.
+    """
+
+    def cut(tail, texts):
+        stream = tf.concat([tail, texts.flat_values], axis=0)
+        rows = tf.size(stream) // row_length
+        full_rows = tf.reshape(stream[: rows * row_length], [rows, row_length])
+        return stream[rows * row_length :], tf.pad(full_rows, [[0, 0], [1, 0]], constant_values=start_token_id)
+
+    tail = tf.zeros([0], token_ids.element_spec.dtype)
+    return token_ids.ragged_batch(texts_per_chunk).scan(tail, cut).unbatch()
+
+
+def _shuffle_rows_statelessly(masker, token_ids):
+    """Makes `masker` (keras-hub's `MaskedLMMaskGenerator`) select reproducibly on a batch.
+
+    Its tf-text item selector shuffles the positions of each row with a stateful op inside a
+    parallel `map_fn`, whose iterations take their draws in any order, so a graph seed alone
+    does not fix which row gets which draw. This swaps in the same selector with a stateless
+    shuffle, keyed by a pair of numbers drawn per row outside the loop. Call it in the traced
+    function, before `masker`.
+    """
+    row_keys = tf.random.uniform([tf.shape(token_ids)[0], 2], maxval=tf.int32.max, dtype=tf.int32)
+    row_length = tf.shape(token_ids)[1]
+
+    def shuffle(positions):  # the selectable flat positions of one row of `token_ids`
+        row = tf.reduce_max(tf.concat([positions[:1], [0]], axis=0)) // row_length  # 0 if none
+        noise = tf.random.stateless_uniform(tf.shape(positions), seed=row_keys[row])
+        return tf.gather(positions, tf.argsort(noise))
+
+    masker._maybe_initialize_tf()  # keras-hub builds its selector and value chooser here, once
+    masker._random_selector = tf_text.RandomItemSelector(
+        max_selections_per_batch=masker.mask_selection_length,
+        selection_rate=masker.mask_selection_rate,
+        unselectable_ids=masker.unselectable_token_ids,
+        shuffle_fn=shuffle,
+    )
 
 
 def _bert_inputs(token_ids):

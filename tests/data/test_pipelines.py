@@ -257,14 +257,34 @@ def test_masked_lm_batches_mask_only_real_tokens_and_record_the_originals():
     assert 0.7 < mask_tokens / selections < 0.9  # BERT's 80% [MASK]
 
 
-def test_packed_masked_lm_rows_run_the_texts_on_without_padding():
-    texts = ["ab", "cde", "f", "ghijk", "lm", "nopq"]  # 6 texts + 6 [SEP]s = 23 stream tokens
+@pytest.mark.parametrize("seed", [0, None])
+def test_masked_lm_selection_is_uniform_over_the_selectable_positions(seed):
+    # Seeded, each row is shuffled statelessly from its own key: a bad key or shuffle would
+    # favour some positions (the first ones, say) or give every row the same ones.
+    texts = tf.data.Dataset.from_tensor_slices(["abcdefghijklmnopqrstuvwxyz0123"] * 1000)
+    positions = np.concatenate(
+        [
+            x["mask_positions"].numpy()[weights.numpy() > 0]
+            for x, _, weights in masked_lm_batches(texts, character_tokenizer(), 32, 100, mask_selection_rate=0.25, seed=seed)
+        ]
+    )
+    frequency = np.bincount(positions, minlength=32) / 1000
+    assert frequency[0] == frequency[31] == 0  # [CLS], [SEP]
+    np.testing.assert_allclose(frequency[1:31], 8 / 30, atol=0.045)  # ceil(0.25 * 30) of 30; 1000 rows: sd 0.014
+    rows = [tuple(x["mask_positions"].numpy()[0]) for x, _, _ in masked_lm_batches(texts.take(500), character_tokenizer(), 32, 1, seed=seed)]
+    assert len(set(rows)) > 450  # identical rows, different selections
+
+
+@pytest.mark.parametrize("copies", [1, 100])  # 100: 600 texts, more than one chunk of the packer
+def test_packed_masked_lm_rows_run_the_texts_on_without_padding(copies):
+    texts = ["ab", "cde", "f", "ghijk", "lm", "nopq"] * copies  # 6 texts + 6 [SEP]s = 23 stream tokens
     stream = [token for text in texts for token in [*map(ord, text), SEP_ID]]
     dataset = masked_lm_batches(
         tf.data.Dataset.from_tensor_slices(texts), character_tokenizer(), 6, 2, pack=True, mask_selection_rate=0.4
     )
     batches = as_lists(dataset)
-    assert [len(x["token_ids"]) for x, _, _ in batches] == [2, 2]  # 4 rows of 5 stream tokens; 3 left over
+    row_count = len(stream) // 5  # rows of 5 stream tokens; 3 left over of 23
+    assert [len(x["token_ids"]) for x, _, _ in batches] == [2] * (row_count // 2) + [1] * (row_count % 2)
     rows, selected = [], 0
     for x, mask_ids, mask_weights in batches:
         assert all(all(mask) for mask in x["padding_mask"])
@@ -273,11 +293,11 @@ def test_packed_masked_lm_rows_run_the_texts_on_without_padding():
             restored = list(row)
             for p, token, weight in zip(positions, ids, weights):
                 if weight:
-                    assert restored[p] not in (CLS_ID, SEP_ID)  # specials are never selected
+                    assert p > 0 and token != SEP_ID  # [CLS] and [SEP] are never selected
                     restored[p] = token
             rows.append(restored)
-    assert [row[0] for row in rows] == [CLS_ID] * 4
-    assert [token for row in rows for token in row[1:]] == stream[:20]
+    assert [row[0] for row in rows] == [CLS_ID] * row_count
+    assert [token for row in rows for token in row[1:]] == stream[: 5 * row_count]
     assert selected > 0
     with pytest.raises(ValueError, match="start_token_id"):
         masked_lm_batches(tf.data.Dataset.from_tensor_slices(texts), character_tokenizer(), 6, 2, pack=True, start_token_id=None)
