@@ -164,6 +164,13 @@ def masked_lm_batches(
     special_ids = [PAD_ID] + [i for i in (start_token_id, end_token_id) if i is not None]
     if pack and (start_token_id is None or end_token_id is None):
         raise ValueError("`pack=True` needs a `start_token_id` and an `end_token_id` to mark the rows and the texts.")
+    # A row holds a token and [CLS] (packed: [SEP]s come in the stream), or [CLS] and [SEP].
+    specials_per_row = 1 if pack else len(special_ids) - 1
+    if sequence_length < specials_per_row + 1:
+        raise ValueError(
+            f"`sequence_length` must be >= {specials_per_row + 1} (room for {specials_per_row} special "
+            f"token(s) and a token); received {sequence_length}."
+        )
     masker = keras_hub.layers.MaskedLMMaskGenerator(
         vocabulary_size=vocabulary_size,
         mask_selection_rate=mask_selection_rate,

@@ -301,6 +301,10 @@ def test_packed_masked_lm_rows_run_the_texts_on_without_padding(copies):
     assert selected > 0
     with pytest.raises(ValueError, match="start_token_id"):
         masked_lm_batches(tf.data.Dataset.from_tensor_slices(texts), character_tokenizer(), 6, 2, pack=True, start_token_id=None)
+    for pack, shortest in ((True, 2), (False, 3)):  # [CLS] + a token; [CLS] a token [SEP]
+        with pytest.raises(ValueError, match=rf"`sequence_length` must be >= {shortest} .*received {shortest - 1}"):
+            masked_lm_batches(tf.data.Dataset.from_tensor_slices(texts), character_tokenizer(), shortest - 1, 2, pack=pack)
+        assert as_lists(masked_lm_batches(tf.data.Dataset.from_tensor_slices(texts), character_tokenizer(), shortest, 2, pack=pack))
 
 
 @pytest.mark.parametrize("pipeline", ["masked_lm", "classification", "seq2seq", "conditional_lm"])
