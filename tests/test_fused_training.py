@@ -210,3 +210,103 @@ def test_gelu_approximate_is_gpt2_s_tanh_gelu():
     x = np.linspace(-6, 6, 1001).astype("float32")
     want = 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
     np.testing.assert_allclose(kzoo.layers.feed_forward.gelu_approximate(x), want, atol=2e-6)
+
+
+# Hand-written gradients (`fused(..., vjp=...)`) against TensorFlow's own
+# differentiation of the same function run eagerly, with dropout on: the same
+# noise drops the same entries on both paths.
+
+
+def _values_and_grads(run, tensors, compiled):
+    """`run(*tensors)` and the gradients of a weighted sum of it, eagerly or in a graph (fused)."""
+
+    def go():
+        with tf.GradientTape() as tape:
+            tape.watch(tensors)
+            outputs = tf.nest.flatten(run(*tensors))
+            loss = sum(ops.sum(ops.cast(y, "float32") * random(*y.shape, seed=9 + i)) for i, y in enumerate(outputs))
+        return outputs + tape.gradient(loss, tensors)
+
+    return tf.function(go)() if compiled else go()
+
+
+def _assert_same(run, tensors, tolerance=1e-5):
+    want, got = _values_and_grads(run, tensors, False), _values_and_grads(run, tensors, True)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("both", [False, True])
+def test_the_attention_softmax_gradient_is_autodiff_s(both):
+    from kzoo.layers.scaled_dot_product_attention import _dropped_weights
+    from kzoo.layers.scaled_dot_product_attention import _dropped_weights_vjp
+
+    scores = tf.constant(random(2, 3, 4, 6) * 2)
+    mask = np.ones((2, 1, 4, 6), bool)
+    mask[0, :, 1] = False  # a query with no key
+    mask[1, :, :, 4:] = False
+    noise = dropout_noise((2, 3, 4, 6), 0.3, seed=5)
+    run = lambda s: fused(_dropped_weights, s, mask, noise, vjp=_dropped_weights_vjp, scale=0.5, rate=0.3, both=both)  # noqa: E731
+    _assert_same(run, [scores])
+
+
+def _layer_norm(**kwargs):
+    norm = keras.layers.LayerNormalization(epsilon=1e-3, **kwargs)
+    norm.build((None, 16))
+    for weight, seed in zip(norm.trainable_weights, (3, 4)):
+        weight.assign(random(16, seed=seed) + 0.5)
+    return norm
+
+
+@pytest.mark.parametrize("settings", [{}, {"center": False}])
+def test_the_residual_layer_norm_gradients_are_autodiff_s(settings):
+    from kzoo.layers._fused_norm import add_dropped_normalize
+    from kzoo.layers._fused_norm import normalize
+
+    norm = _layer_norm(**settings)  # without beta: no written-out gradient, the autodiff fallback
+    x, y = tf.constant(random(2, 5, 16) * 3 + 1), tf.constant(random(2, 5, 16, seed=1))
+    noise = dropout_noise((2, 5, 16), 0.2, seed=6)
+    variables = [v.value for v in norm.trainable_weights]
+    _assert_same(lambda x, y, *_: add_dropped_normalize(norm, x, y, noise, 0.2), [x, y, *variables])
+    _assert_same(lambda x, *_: normalize(norm, x), [x, *variables])
+    _assert_same(lambda x, y: add_dropped_normalize(None, x, y, noise, 0.2), [x, y])
+    eager = ops.convert_to_numpy(norm(x + dropout(y, noise, 0.2)))
+    np.testing.assert_allclose(_values_and_grads(lambda x, y: add_dropped_normalize(norm, x, y, noise, 0.2), [x, y], True)[0], eager, atol=1e-5)
+
+
+def test_the_bert_embedding_norm_gradient_is_autodiff_s():
+    from kzoo.layers._fused_norm import normalize_dropped
+    from kzoo.models.bert.bert_backbone import LayerNormalization
+
+    norm = LayerNormalization(0.3, epsilon=1e-12)
+    a, b, c = (tf.constant(random(2, 5, 16, seed=i)) for i in range(3))
+    norm([a, b, c])
+    norm.gamma.assign(random(16, seed=3) + 1)
+    # The layer draws new noise per call; hold it fixed to compare the two paths.
+    noise = dropout_noise((2, 5, 16), 0.3, seed=7)
+    _assert_same(lambda a, b, c, *_: normalize_dropped(norm, [a, b, c], noise, 0.3), [a, b, c, norm.gamma.value, norm.beta.value])
+
+
+@pytest.mark.parametrize("activation", ["gelu_approximate", "relu", "tanh"])
+def test_the_feed_forward_activation_gradient_is_autodiff_s(activation):
+    # tanh has no written-out derivative: the autodiff fallback.
+    layer = kzoo.layers.FeedForward(24, activation=activation, dropout=0.25, bias_initializer="random_normal")
+    x = tf.constant(random(2, 5, 8))
+    layer(x)
+    seed = layer.hidden_dropout.seed_generator
+    start = ops.convert_to_numpy(seed.state)
+
+    def run(x, *weights):
+        seed.state.assign(start)  # the same noise on both paths
+        return layer(x, training=True)
+
+    _assert_same(run, [x, *[w.value for w in layer.trainable_weights]], tolerance=2e-5)
+
+
+def test_sum_leading_axes_is_the_sum_over_all_but_the_last_axis():
+    from kzoo.ops import sum_leading_axes
+
+    x = random(3, 4, 5)
+    np.testing.assert_allclose(sum_leading_axes(x), x.sum(axis=(0, 1)), rtol=1e-5)
+    compiled = tf.function(lambda: sum_leading_axes(tf.constant(x)), jit_compile=True)
+    np.testing.assert_allclose(compiled(), x.sum(axis=(0, 1)), rtol=1e-5)

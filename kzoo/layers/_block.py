@@ -10,9 +10,9 @@ from kzoo.layers._validation import check_rate
 from kzoo.layers.feed_forward import FeedForward
 from kzoo.layers.feed_forward import get_activation
 from kzoo.layers.multi_head_attention import MultiHeadAttention
-from kzoo.ops import dropout
+from kzoo.layers._fused_norm import add_dropped_normalize
+from kzoo.layers._fused_norm import normalize
 from kzoo.ops import dropout_noise
-from kzoo.ops import fused
 
 
 class TransformerBlockBase(keras.layers.Layer):
@@ -99,9 +99,9 @@ class TransformerBlockBase(keras.layers.Layer):
             return (y if self.norm_first else norm(y)), extra
         # Training: dropout, residual sum and LayerNorm as fused computations
         # (`kzoo.ops.fused`).
-        y, extra = sublayer(fused(norm, x) if self.norm_first else x)
+        y, extra = sublayer(normalize(norm, x) if self.norm_first else x)
         noise = dropout_noise(ops.shape(y), self.dropout, getattr(dropout_layer, "seed_generator", None))
-        return fused(_add_dropped, x, y, noise, rate=self.dropout, norm=None if self.norm_first else norm), extra
+        return add_dropped_normalize(None if self.norm_first else norm, x, y, noise, self.dropout), extra
 
     def compute_mask(self, x, previous_mask=None):
         return previous_mask
@@ -121,8 +121,3 @@ class TransformerBlockBase(keras.layers.Layer):
         )
         return config
 
-
-def _add_dropped(x, y, noise, rate, norm):
-    """x + dropout(y), then `norm` if given."""
-    y = ops.add(x, dropout(y, noise, rate))
-    return y if norm is None else norm(y)

@@ -9,6 +9,7 @@ from kzoo.layers._validation import check_rate
 from kzoo.ops import dropout
 from kzoo.ops import dropout_noise
 from kzoo.ops import fused
+from kzoo.ops import sum_leading_axes
 
 
 def get_activation(name):
@@ -32,6 +33,36 @@ def gelu_approximate(x):
     """
     a = 2.0 * math.sqrt(2.0 / math.pi)
     return x * ops.sigmoid(x * (a + (a * 0.044715) * ops.square(x)))
+
+
+def _gelu_approximate_derivative(x):
+    a = 2.0 * math.sqrt(2.0 / math.pi)
+    b = a * 0.044715
+    s = ops.sigmoid(x * (a + b * ops.square(x)))
+    return s + x * s * (1.0 - s) * (a + 3.0 * b * ops.square(x))
+
+
+def _relu_derivative(x):
+    return ops.cast(ops.greater(x, 0.0), x.dtype)
+
+
+# Activations whose training step uses a written-out gradient (see `_activate_vjp`).
+_DERIVATIVES = {"gelu_approximate": _gelu_approximate_derivative, "relu": _relu_derivative}
+
+
+def _activate(hidden, bias, noise, activation, derivative, rate):
+    """dropout(activation(hidden + bias)); nothing saved for the gradient but the arguments."""
+    if bias is not None:
+        hidden = ops.add(hidden, bias)
+    return dropout(activation(hidden), noise, rate), ()
+
+
+def _activate_vjp(saved, grad, hidden, bias, noise, activation, derivative, rate):
+    """The gradient from the arguments: activation'(hidden + bias) times the dropped gradient."""
+    pre = hidden if bias is None else ops.add(hidden, bias)
+    grad = ops.cast(dropout(grad, noise, rate), "float32") * derivative(ops.cast(pre, "float32"))
+    grad_bias = None if bias is None else ops.cast(sum_leading_axes(grad), bias.dtype)
+    return ops.cast(grad, hidden.dtype), grad_bias, None
 
 
 @keras.saving.register_keras_serializable(package="kzoo")
@@ -107,7 +138,20 @@ class FeedForward(keras.layers.Layer):
         # and dropout as one fused computation (`kzoo.ops.fused`).
         hidden = ops.matmul(inputs, self.intermediate_dense.kernel)
         noise = dropout_noise(ops.shape(hidden), self.dropout, getattr(self.hidden_dropout, "seed_generator", None))
-        hidden = fused(self._activate, hidden, self.intermediate_dense.bias, noise)
+        derivative = _DERIVATIVES.get(self.activation)
+        if derivative is None:
+            hidden = fused(self._activate, hidden, self.intermediate_dense.bias, noise)
+        else:
+            hidden = fused(
+                _activate,
+                hidden,
+                self.intermediate_dense.bias,
+                noise,
+                vjp=_activate_vjp,
+                activation=self.activation_fn,
+                derivative=derivative,
+                rate=self.dropout,
+            )
         return self.output_dense(hidden)
 
     def _activate(self, hidden, bias, noise):

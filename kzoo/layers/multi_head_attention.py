@@ -275,7 +275,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 else None
             ),
         )
-        output, scores = self._attend(q, k, v, mask, training)
+        output, scores = self._attend(q, k, v, mask, training, return_attention_scores)
         output = self._project_output(output)
 
         results = (output,)
@@ -285,7 +285,7 @@ class MultiHeadAttention(keras.layers.Layer):
             results += (cache,)
         return results[0] if len(results) == 1 else results
 
-    def _attend(self, q, k, v, mask, training):
+    def _attend(self, q, k, v, mask, training, return_scores=False):
         """Grouped attention: q `(B, h, T_q, d_k)`, k/v `(B, h_kv, T_k, d)`.
 
         The `g = h / h_kv` query heads of a group are stacked along the query
@@ -303,19 +303,23 @@ class MultiHeadAttention(keras.layers.Layer):
                     ops.broadcast_to(mask[:, :, None], (ops.shape(mask)[0], 1, groups, length, key_length)),
                     (ops.shape(mask)[0], 1, groups * length, key_length),
                 )
-        output, scores = scaled_dot_product_attention(
+        output = scaled_dot_product_attention(
             q,
             k,
             v,
             mask=mask,
             dropout_rate=self.dropout,
             training=training,
-            return_scores=True,
+            # Without the weights, a training step neither keeps them beside
+            # the dropped ones nor back-propagates zeros through them.
+            return_scores=return_scores,
             seed=self.seed_generator,
-        )  # (B, h_kv, g * T_q, d_v), (B, h_kv, g * T_q, T_k)
+        )  # (B, h_kv, g * T_q, d_v), and (B, h_kv, g * T_q, T_k) if return_scores
+        output, scores = output if return_scores else (output, None)
         output = ops.reshape(output, (batch, self.num_heads, length, self.value_dim))
         output = ops.transpose(output, (0, 2, 1, 3))  # (B, T_q, h, d_v)
-        scores = ops.reshape(scores, (batch, self.num_heads, length, key_length))
+        if scores is not None:
+            scores = ops.reshape(scores, (batch, self.num_heads, length, key_length))
         return output, scores
 
     def compute_mask(self, query, previous_mask=None):

@@ -81,7 +81,9 @@ def scaled_dot_product_attention(
         # dropout as one fused computation (`kzoo.ops.fused`), where scaling
         # the scores costs nothing.
         noise = dropout_noise(ops.shape(scores), dropout_rate, seed)
-        weights = fused(_dropped_weights, scores, mask, noise, scale=scale, rate=dropout_rate, both=return_scores)
+        weights = fused(
+            _dropped_weights, scores, mask, noise, vjp=_dropped_weights_vjp, scale=scale, rate=dropout_rate, both=return_scores
+        )
         weights, attended = weights if return_scores else (None, weights)
         output = ops.matmul(attended, value)
     else:
@@ -117,10 +119,27 @@ def _weights(scores, mask, dtype, scale=None):
 def _dropped_weights(scores, mask, noise, scale, rate, both):
     """The weights after dropout, and with `both` the weights before it too.
 
-    Rows without a key to attend to are zero in both.
+    Rows without a key to attend to are zero in both. For `kzoo.ops.fused`
+    with `_dropped_weights_vjp`: also returns the weights, for the gradient.
     """
     weights = _weights(scores, mask, scores.dtype, scale)
     if mask is not None:
         weights = weights * _has_key(mask, weights.dtype)
     dropped = dropout(weights, noise, rate)
-    return (weights, dropped) if both else dropped
+    return ((weights, dropped) if both else dropped), weights
+
+
+def _dropped_weights_vjp(weights, grads, scores, mask, noise, scale, rate, both):
+    """The softmax gradient from the saved weights p: `p * (g - sum(g * p)) * scale`.
+
+    `g` is the gradient of the weights: through the dropout (the same noise
+    drops the same entries), plus the gradient of the undropped weights with
+    `both`. Masked entries and key-less rows have p = 0, so they get none.
+    """
+    grad_weights, grad_dropped = grads if both else (None, grads)
+    g = ops.cast(dropout(grad_dropped, noise, rate), "float32")
+    if grad_weights is not None:
+        g = g + ops.cast(grad_weights, "float32")
+    p = ops.cast(weights, "float32")
+    grad_scores = p * (g - ops.sum(g * p, axis=-1, keepdims=True)) * scale
+    return ops.cast(grad_scores, scores.dtype), None, None

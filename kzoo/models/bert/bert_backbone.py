@@ -7,14 +7,13 @@ from kzoo.layers import TokenAndPositionEmbedding
 from kzoo.layers import TransformerEncoderBlock
 from kzoo.layers._validation import check_divisible
 from kzoo.layers._validation import check_positive_int
+from kzoo.layers._fused_norm import normalize_dropped
 from kzoo.layers._validation import check_rate
 from kzoo.models.backbone import Backbone
 from kzoo.models.keras_hub_weights import copy_weights
 from kzoo.models.keras_hub_weights import keras_hub_config
 from kzoo.models.keras_hub_weights import transformer_block_pairs
-from kzoo.ops import dropout as drop
 from kzoo.ops import dropout_noise
-from kzoo.ops import fused
 
 # BERT's LayerNorm epsilon, kept so that converted checkpoints match exactly.
 BERT_LAYER_NORM_EPSILON = 1e-12
@@ -232,18 +231,13 @@ class LayerNormalization(keras.layers.LayerNormalization):
         super().build(input_shape[0])
 
     def call(self, inputs, training=None):
-        norm = super().call
         if not training:
-            return norm(functools.reduce(ops.add, inputs))
+            return super().call(functools.reduce(ops.add, inputs))
         noise = dropout_noise(ops.shape(inputs[0]), self.dropout, self.seed_generator)
-        return fused(_sum_norm_dropout, noise, *inputs, rate=self.dropout, norm=norm)
+        return normalize_dropped(self, inputs, noise, self.dropout)
 
     def compute_output_shape(self, input_shape):
         return input_shape[0]
 
     def get_config(self):
         return {**super().get_config(), "dropout": self.dropout}
-
-
-def _sum_norm_dropout(noise, *inputs, rate, norm):
-    return drop(norm(functools.reduce(ops.add, inputs)), noise, rate)
