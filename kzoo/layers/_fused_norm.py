@@ -2,7 +2,7 @@
 
 The blocks' residual `norm(x + dropout(y))`, the pre-LN `norm(x)` and BERT's
 `dropout(norm(a + b + c))` run as `kzoo.ops.fused` computations in training.
-Differentiated by TensorFlow, each kept five full-size copies of its
+Differentiated by TensorFlow, each kept six full-size copies of its
 intermediates for the backward pass; the gradients here keep the row
 statistics only (mean and 1/std, one number per row each) and read the
 arguments again.

@@ -1,3 +1,4 @@
+import functools
 import math
 
 import keras
@@ -50,14 +51,14 @@ def _relu_derivative(x):
 _DERIVATIVES = {"gelu_approximate": _gelu_approximate_derivative, "relu": _relu_derivative}
 
 
-def _activate(hidden, bias, noise, activation, derivative, rate):
+def _activate(hidden, bias, noise, activation, rate):
     """dropout(activation(hidden + bias)); nothing saved for the gradient but the arguments."""
     if bias is not None:
         hidden = ops.add(hidden, bias)
     return dropout(activation(hidden), noise, rate), ()
 
 
-def _activate_vjp(saved, grad, hidden, bias, noise, activation, derivative, rate):
+def _activate_vjp(saved, grad, hidden, bias, noise, activation, rate, derivative):
     """The gradient from the arguments: activation'(hidden + bias) times the dropped gradient."""
     pre = hidden if bias is None else ops.add(hidden, bias)
     grad = ops.cast(dropout(grad, noise, rate), "float32") * derivative(ops.cast(pre, "float32"))
@@ -139,25 +140,13 @@ class FeedForward(keras.layers.Layer):
         hidden = ops.matmul(inputs, self.intermediate_dense.kernel)
         noise = dropout_noise(ops.shape(hidden), self.dropout, getattr(self.hidden_dropout, "seed_generator", None))
         derivative = _DERIVATIVES.get(self.activation)
-        if derivative is None:
-            hidden = fused(self._activate, hidden, self.intermediate_dense.bias, noise)
+        settings = dict(activation=self.activation_fn, rate=self.dropout)
+        if derivative is None:  # TensorFlow differentiates the compiled chain
+            hidden = fused(lambda *args: _activate(*args, **settings)[0], hidden, self.intermediate_dense.bias, noise)
         else:
-            hidden = fused(
-                _activate,
-                hidden,
-                self.intermediate_dense.bias,
-                noise,
-                vjp=_activate_vjp,
-                activation=self.activation_fn,
-                derivative=derivative,
-                rate=self.dropout,
-            )
+            vjp = functools.partial(_activate_vjp, derivative=derivative)
+            hidden = fused(_activate, hidden, self.intermediate_dense.bias, noise, vjp=vjp, **settings)
         return self.output_dense(hidden)
-
-    def _activate(self, hidden, bias, noise):
-        if bias is not None:
-            hidden = ops.add(hidden, bias)
-        return dropout(self.activation_fn(hidden), noise, self.dropout)
 
     def compute_output_shape(self, input_shape):
         return (*input_shape[:-1], self.output_dim or input_shape[-1])
