@@ -3,7 +3,8 @@
 `keras.ops` has no assertion op and no way to ask for operator fusion, so the
 run-time check kzoo needs (token ids inside the vocabulary) and the fusion of
 element-wise training code (`fused`) dispatch on the backend here and nowhere
-else.
+else. The small helpers that training code compiled by `fused` shares (dropout
+noise, the dropout rule, `sum_leading_axes`) live beside it.
 """
 
 import keras
@@ -106,8 +107,9 @@ def fused(fn, *args, vjp=None, **kwargs):
     Only while TensorFlow traces a graph (`model.fit`, `tf.function`); eager
     calls and the JAX (already compiled) and PyTorch backends run `fn` as it
     is, and differentiate it themselves. Inside an XLA-compiled function the
-    call is inlined, and differentiated with the rest (`vjp` unused). Tensor arguments go in `args`; Python values (flags,
-    rates, layers) in `kwargs`, which are fixed when the graph is traced.
+    call is inlined, and differentiated with the rest (`vjp` unused). Tensor
+    arguments go in `args`; Python values (flags, rates, layers) in `kwargs`,
+    which are fixed when the graph is traced.
 
     Args:
         fn: a function of tensors built from `keras.ops` and Keras layers;

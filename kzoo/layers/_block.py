@@ -3,6 +3,8 @@
 import keras
 from keras import ops
 
+from kzoo.layers._fused_norm import add_dropped_normalize
+from kzoo.layers._fused_norm import normalize
 from kzoo.layers._validation import check_divisible
 from kzoo.layers._validation import check_positive_int
 from kzoo.layers._validation import clone_initializer
@@ -10,8 +12,6 @@ from kzoo.layers._validation import check_rate
 from kzoo.layers.feed_forward import FeedForward
 from kzoo.layers.feed_forward import get_activation
 from kzoo.layers.multi_head_attention import MultiHeadAttention
-from kzoo.layers._fused_norm import add_dropped_normalize
-from kzoo.layers._fused_norm import normalize
 from kzoo.ops import dropout_noise
 
 

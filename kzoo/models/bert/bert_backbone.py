@@ -5,9 +5,9 @@ from keras import ops
 
 from kzoo.layers import TokenAndPositionEmbedding
 from kzoo.layers import TransformerEncoderBlock
+from kzoo.layers._fused_norm import normalize_dropped
 from kzoo.layers._validation import check_divisible
 from kzoo.layers._validation import check_positive_int
-from kzoo.layers._fused_norm import normalize_dropped
 from kzoo.layers._validation import check_rate
 from kzoo.models.backbone import Backbone
 from kzoo.models.keras_hub_weights import copy_weights
