@@ -253,7 +253,10 @@ def dropout(x, noise, rate):
         return x
     if keras.backend.standardize_dtype(noise.dtype) == "int32":
         numbers = ops.stack([ops.bitwise_and(noise, 0xFFFF), ops.bitwise_and(ops.right_shift(noise, 16), 0xFFFF)], -1)
-        numbers = ops.reshape(numbers, (*ops.shape(noise)[:-1], -1))[..., : x.shape[-1]]
+        numbers = ops.reshape(numbers, (*ops.shape(noise)[:-1], -1))
+        # An odd last axis has one number too many; its length may be known
+        # only at run time (variable-length batches), so slice by the tensor's.
+        numbers = numbers[..., : ops.shape(x)[-1]]
         kept = ops.greater_equal(numbers, round(rate * 65536))
     else:  # uniform floats
         kept = ops.greater_equal(noise, rate)
