@@ -14,6 +14,7 @@ Example:
 
 from kzoo.data.builders import BUILDERS
 from kzoo.data.builders import load
+from kzoo.data.characters import CharacterTokenizer
 from kzoo.data.corpora import corpus_dir
 from kzoo.data.corpora import seeded_split
 from kzoo.data.pipelines import classification_batches

@@ -2,12 +2,12 @@
 
 Two kinds:
 
-- `character_tokenizer`: `keras_hub.tokenizers.UnicodeCodepointTokenizer`, id = Unicode code
-  point, clamped below `vocabulary_size`. Chosen over a fitted character vocabulary because it
-  has nothing to fit or save, never drops whitespace (a WordPiece tokenizer splits on it) and
-  detokenizes exactly; Tiny Shakespeare is pure ASCII, so `vocabulary_size=128` covers it
-  and costs 63 unused embedding rows over its 65 characters. It reserves no special tokens:
-  id 0 (NUL, which never occurs in text) serves as padding.
+- `character_tokenizer`: `kzoo.data.CharacterTokenizer`, id = Unicode code point below
+  `vocabulary_size`, and id 26 (ASCII SUB) for every character outside. Chosen over a fitted
+  character vocabulary because it has nothing to fit or save, never drops whitespace (a
+  WordPiece tokenizer splits on it) and detokenizes exactly; Tiny Shakespeare is pure ASCII, so
+  `vocabulary_size=128` covers it and costs 63 unused embedding rows over its 65 characters. It
+  reserves no special tokens: id 0 (NUL, which never occurs in text) serves as padding.
 - `word_piece_tokenizer`: `keras_hub.tokenizers.WordPieceTokenizer` over a vocabulary fitted
   on a training split with `train_word_piece_vocabulary`. The vocabulary starts with
   `SPECIAL_TOKENS`, so their ids are fixed:
@@ -33,6 +33,8 @@ import keras
 import keras_hub
 import tensorflow as tf
 
+from kzoo.data.characters import CharacterTokenizer
+
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[BOS]", "[EOS]")
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID, BOS_ID, EOS_ID = range(len(SPECIAL_TOKENS))
 
@@ -40,9 +42,10 @@ _CONFIG_FILE = "tokenizer.json"
 
 
 def character_tokenizer(vocabulary_size=128):
-    """A character tokenizer: each Unicode code point is its id, clamped to `vocabulary_size - 1`.
+    """A character tokenizer: each Unicode code point below `vocabulary_size` is its id.
 
-    Case is kept. Characters at or above `vocabulary_size` all become id `vocabulary_size - 1`.
+    Case is kept. Characters at or above `vocabulary_size` all become id 26 (ASCII SUB, the
+    substitute character; see `kzoo.data.CharacterTokenizer`).
 
     Args:
         vocabulary_size: int; 128 covers ASCII, 256 Latin-1.
@@ -54,7 +57,7 @@ def character_tokenizer(vocabulary_size=128):
     >>> tokenizer.detokenize([72, 105])
     'Hi'
     """
-    return keras_hub.tokenizers.UnicodeCodepointTokenizer(lowercase=False, vocabulary_size=vocabulary_size)
+    return CharacterTokenizer(vocabulary_size)
 
 
 def train_word_piece_vocabulary(texts, vocabulary_size, lowercase=False):

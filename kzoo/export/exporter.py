@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from kzoo.export import export_data
+from kzoo.export import litertlm
 from kzoo.export import verification
 from kzoo.export.litert_model import LiteRTModel
 from kzoo.export.litert_model import median_ms
@@ -30,17 +31,23 @@ from kzoo.export.tflite_conversion import activation_types
 from kzoo.export.tflite_conversion import convert
 from kzoo.export.tflite_conversion import op_census
 
-FORMATS = ("savedmodel", *TFLITE_FORMATS)
+FORMATS = ("savedmodel", *TFLITE_FORMATS, "litertlm")
 # Full integer int8 is opt-in: it needs calibration data, and how much it
 # costs depends on the model (on random-weight seq2seq models it fails the
 # default quality bound), while the other formats verify on every model.
-DEFAULT_FORMATS = ("savedmodel", "tflite_fp32", "tflite_fp16", "tflite_int8_dynamic")
+# "litertlm" (LiteRT-LM bundles, fp32 and int8) is left out by default for
+# models other than causal LMs with a tokenizer beside them.
+DEFAULT_FORMATS = ("savedmodel", "tflite_fp32", "tflite_fp16", "tflite_int8_dynamic", "litertlm")
 REPORT_FILE = "export_report.json"
 SAVEDMODEL_DIR = "savedmodel"
 # LiteRT's Python interpreter defaults to 1 thread; kzoo measures with 2.
 LITERT_THREADS = 2
 # Rows compared with Keras at each checked length.
 COMPARED_ROWS = 4
+# Held to the float32 tolerance and to greedy generation equal to Keras'.
+FLOAT32_FORMATS = ("savedmodel", "tflite_fp32", "litertlm")
+# Held-out rows the LiteRT-LM bundles' logits are checked on (one decode call per token).
+LITERTLM_ROWS = 8
 
 
 class ExportError(Exception):
@@ -70,6 +77,7 @@ def export(
     compare_model_export=False,
     overwrite=False,
     seed=0,
+    prefill_lengths=None,
 ):
     """Exports a kzoo model for serving and verifies every file against the Keras model.
 
@@ -77,16 +85,24 @@ def export(
     for GPTCausalLM and Seq2SeqTransformer, `generate`; when the model's
     tokenizer is saved beside it, also `classify_text` or `generate_text`
     on raw strings; see `ServingSignatures`), `model_<precision>.tflite` per TFLite format
-    (builtin ops only; `prefill`/`decode` signatures for generation), and
-    `export_report.json`. Each artifact is run on held-out inputs at sequence
+    (builtin ops only; `prefill`/`decode` signatures for generation), for
+    causal LMs with a tokenizer the LiteRT-LM bundles `model.litertlm` and
+    `model_int8.litertlm` (see `kzoo.export.litertlm`), and `export_report.json`. Each artifact is run on held-out inputs at sequence
     lengths 1, 7 and the full length and compared with the Keras model:
 
-    - float32 (SavedModel, tflite_fp32): max |logit difference| <=
-      `verification.FP32_TOLERANCE` (1e-4), and greedy generation equal to
+    - float32 (SavedModel, tflite_fp32, litertlm): max |logit difference| <=
+      `verification.fp32_tolerance` (1e-4 times the largest |logit|, at
+      least 1e-4), and greedy generation equal to
       Keras' `generate` token for token; the text signature gives what the
       Keras model gives on the same strings tokenized in Python.
     - quantized TFLite: the held-out cross-entropy may rise by at most
       `quality_bounds[format]` nats (default `verification.QUALITY_BOUNDS`).
+    - LiteRT-LM bundles: run in the LiteRT-LM runtime itself, their tokenizer
+      gives the Keras tokenizer's ids and their greedy text is Keras' text
+      (float32; int8: the agreement is reported), prompts longer than the
+      largest prefill chunk included; the `decode` signature's logits over
+      held-out rows are held to the float32 tolerance or the int8 bound
+      ("litertlm_int8").
 
     The report gives per artifact its size, max abs differences, quality
     (cross-entropy, perplexity, accuracy, top-1 agreement with Keras),
@@ -124,6 +140,9 @@ def export(
             `model.export` (for the report; not kept).
         overwrite: bool, replace an existing non-empty `output_dir`.
         seed: int, for synthetic data and calibration sampling.
+        prefill_lengths: the LiteRT-LM `prefill_<N>` chunk lengths
+            (`kzoo.export.litertlm.prefill_lengths`; default 16, 64, 256 where
+            they divide the cache length).
 
     Returns:
         The report (also written to `output_dir/export_report.json`).
@@ -143,12 +162,14 @@ def export(
         task = task_of(model)
     except ValueError as error:
         raise ExportError(str(error)) from error
+    explicit = formats is not None
     formats = _resolve_formats(formats, model)
     names = input_names(model)
     length = _check_length(max_length, model)
     bounds = {**verification.QUALITY_BOUNDS, **(quality_bounds or {})}
 
     tokenizer = _load_tokenizer(tokenizer_dir or (model_path.parent if model_path else None), representative_data)
+    formats = _check_litertlm(formats, task, tokenizer, explicit)
     data = _export_data(
         representative_data, model, tokenizer, data_dir, task, names, length, num_examples, num_representative, seed
     )
@@ -167,9 +188,12 @@ def export(
         for name in formats:
             if name == "savedmodel":
                 artifacts[name] = _export_savedmodel(context, model if compare_model_export else None)
+            elif name == "litertlm":
+                artifacts.update(_export_litertlm(context, model, tokenizer, prefill_lengths))
             else:
                 artifacts[name] = _export_tflite(context, name)
-            failures += _failures(name, artifacts[name])
+            for artifact in (name, "litertlm_int8") if name == "litertlm" else (name,):
+                failures += _failures(artifact, artifacts[artifact])
         if failures:
             raise ExportError(
                 "The export did not verify against the Keras model, so nothing was written to "
@@ -184,7 +208,7 @@ def export(
                 "targets": "labels" if data.targets is not None else "the Keras model's argmax (synthetic data)",
             },
             "checked_lengths": checks.lengths,
-            "tolerances": {"fp32_max_abs_diff": verification.FP32_TOLERANCE, "quality_bounds_nats": bounds},
+            "tolerances": {"fp32_max_abs_diff_per_unit_logit": verification.FP32_TOLERANCE, "quality_bounds_nats": bounds},
             "keras": {"quality": checks.quality},
             "artifacts": artifacts,
             "environment": _environment(),
@@ -219,6 +243,30 @@ def _resolve_formats(formats, model):
             "Use tflite_int8_dynamic (int8 weights)."
         )
     return formats
+
+
+def _check_litertlm(formats, task, tokenizer, explicit):
+    """`formats` without "litertlm" where it does not apply: refused when asked for by name,
+    left out of the defaults."""
+    if "litertlm" not in formats:
+        return formats
+    reason = None
+    if task != "causal_lm":
+        reason = f"LiteRT-LM runs decoder-only language models (GPTCausalLM); this is a {task} model"
+    elif tokenizer is None:
+        reason = "a LiteRT-LM bundle needs the model's tokenizer: save it beside the model (kzoo.data.save_tokenizer) or pass tokenizer_dir"
+    else:
+        from kzoo.data.tokenizer_json import hugging_face_tokenizer
+
+        try:
+            hugging_face_tokenizer(tokenizer)
+        except ValueError as error:
+            reason = str(error)
+    if reason is None:
+        return formats
+    if explicit:
+        raise ExportError(f"litertlm: {reason}.")
+    return [name for name in formats if name != "litertlm"]
 
 
 def _check_output_dir(output_dir, overwrite):
@@ -317,6 +365,7 @@ class _KerasReference:
 
     def __init__(self, model, task, names, data, length, signatures, generate_tokens):
         self.model, self.names, self.data = model, names, data
+        self.generate_tokens = generate_tokens
         self.lengths = verification.checked_lengths(length)
         rows = {name: value[:COMPARED_ROWS] for name, value in data.held_out.items()}
         self.compared = {n: export_data.crop(rows, n) for n in self.lengths}
@@ -401,6 +450,7 @@ def _verify(predict, checks):
     logits = predict(checks.data.held_out)
     return {
         "max_abs_diff": {str(n): verification.max_abs_diff(predict(checks.compared[n]), checks.logits[n]) for n in checks.lengths},
+        "tolerance": {str(n): verification.fp32_tolerance(checks.logits[n]) for n in checks.lengths},
         "quality": verification.quality(
             logits, checks.targets, checks.data.sample_weight, reference_logits=checks.full_logits
         ),
@@ -542,6 +592,27 @@ def _export_tflite(context, tflite_format):
     return record
 
 
+def _export_litertlm(context, model, tokenizer, prefill_lengths):
+    """The LiteRT-LM bundles, checked in the runtime against the Keras model
+    (`kzoo.export.litertlm.export_bundles`) on the first held-out rows."""
+    checks = context.checks
+    rows = slice(0, LITERTLM_ROWS)
+    reference = litertlm.Reference(
+        token_ids=checks.data.held_out["token_ids"][rows],
+        logits=checks.full_logits[rows],
+        targets=checks.targets[rows],
+        sample_weight=None if checks.data.sample_weight is None else checks.data.sample_weight[rows],
+    )
+    try:
+        return litertlm.export_bundles(
+            model, tokenizer, context.staging, reference, cache_length=context.signatures.cache_length,
+            lengths=prefill_lengths, generate_tokens=checks.generate_tokens,
+            quality_bound=context.bounds["litertlm_int8"], num_threads=LITERT_THREADS,
+        )
+    except ValueError as error:
+        raise ExportError(f"litertlm: {error}") from error
+
+
 def _representative_dataset(data):
     """Calibration samples for `serving_default`: batch-1 rows of the representative data."""
     rows = len(next(iter(data.representative.values())))
@@ -556,12 +627,14 @@ def _failures(name, record):
     """Messages for every check `record` fails."""
     failures = []
     quality = record["quality"]
-    if name in ("savedmodel", "tflite_fp32"):
+    if name in FLOAT32_FORMATS:
         for length, difference in record["max_abs_diff"].items():
-            if not difference <= verification.FP32_TOLERANCE:
+            tolerance = record["tolerance"][length]
+            if not difference <= tolerance:
                 failures.append(
                     f"{name}: max |logit difference| from Keras is {difference:.3g} at length {length}, "
-                    f"above the float32 tolerance {verification.FP32_TOLERANCE:g}."
+                    f"above the float32 tolerance {tolerance:.3g} ({verification.FP32_TOLERANCE:g} x max(1, the "
+                    "largest |logit|))."
                 )
         generation = record.get("generation")
         if generation and not generation["matches_keras"]:
@@ -569,6 +642,9 @@ def _failures(name, record):
                 f"{name}: greedy generation differs from Keras "
                 f"({generation['token_agreement']:.0%} of the generated tokens agree)."
             )
+        tokenizer = record.get("tokenizer")
+        if tokenizer and not tokenizer["matches_keras"]:
+            failures.append(f"{name}: the bundle's tokenizer gives other ids than the Keras tokenizer.")
         text = record.get("text")
         if text and not text["matches_keras"]:
             failures.append(f"{name}: the text signature on raw strings differs from Keras: {text}")

@@ -2,13 +2,15 @@
 
 import numpy as np
 
-# float32 artifacts compute what Keras computes: the largest |logit difference| allowed.
+# float32 artifacts compute what Keras computes: the largest |logit difference| allowed, per
+# unit of the largest |logit| (`fp32_tolerance`): float32 rounding grows with the values, and
+# real checkpoints have large logits.
 FP32_TOLERANCE = 1e-4
 
 # Quantized artifacts: the largest increase of the held-out cross-entropy
 # (nats per target token or example) over Keras' allowed by default;
 # exp(bound) is the perplexity ratio (1.01, 1.05, 1.11).
-QUALITY_BOUNDS = {"tflite_fp16": 0.01, "tflite_int8_dynamic": 0.05, "tflite_int8": 0.10}
+QUALITY_BOUNDS = {"tflite_fp16": 0.01, "tflite_int8_dynamic": 0.05, "tflite_int8": 0.10, "litertlm_int8": 0.05}
 
 # The short length checked besides 1 and the full length.
 SHORT_LENGTH = 7
@@ -17,6 +19,12 @@ SHORT_LENGTH = 7
 def checked_lengths(max_length):
     """The sequence lengths every artifact is compared with Keras at: 1, short, full."""
     return sorted({1, min(SHORT_LENGTH, max_length), max_length})
+
+
+def fp32_tolerance(reference_logits):
+    """The largest |logit difference| a float32 artifact may have from `reference_logits`:
+    `FP32_TOLERANCE` times their largest magnitude, and at least `FP32_TOLERANCE`."""
+    return FP32_TOLERANCE * max(1.0, float(np.max(np.abs(reference_logits))))
 
 
 def max_abs_diff(values, reference):

@@ -1,0 +1,380 @@
+"""LiteRT-LM bundles (`.litertlm`) of kzoo causal language models, verified in the runtime.
+
+A bundle, packed with `litert-lm-builder`, holds three sections:
+
+- the TFLite model in the runtime's conventions (read from LiteRT-LM's sources,
+  `runtime/executor/llm_litert_compiled_model_executor.cc` and
+  `litert_compiled_model_executor_utils.cc`): signatures `prefill_<N>` for a few chunk lengths
+  N and `decode`; inputs `tokens` `(1, N)` int32 and `input_pos` `(N,)` int32 (the "PyTorch,
+  CPU only" signature: no mask input, the model masks causally itself); the KV cache as
+  `kv_cache_k_<i>` / `kv_cache_v_<i>`, inputs and outputs of the same names (the runtime
+  hands the outputs of one call to the next, on the CPU in the same buffers); `decode` returns
+  `logits` `(1, 1, V)`; batch 1. The cache keeps kzoo's head-major layout
+  `(1, heads, cache_length, head_dim)`: the CPU runtime never looks inside it.
+- the tokenizer as a Hugging Face `tokenizer.json` (`kzoo.data.tokenizer_json`);
+- `LlmMetadata`: start token, stop tokens, `max_num_tokens` (the cache length) and the
+  default sampler.
+
+How the runtime prefills: it splits a prompt of L tokens into chunks, the largest
+`prefill_<N>` while at least N tokens remain, then the smallest N that holds the rest; it
+keeps each chunk's last token back for the next chunk (or for `decode`); it fills the unused
+slots of a chunk with token 0 at position 0. `prefill_<N>` therefore writes its N slots at
+`input_pos[0]` (the padding lands on positions after the prompt, which later tokens
+overwrite before anything attends to them), and the largest N divides the cache length, so
+no chunk of a prompt that fits ever runs past the cache. A chunk that would (only possible
+when a session prefills a second time, near the end of the cache) fails in the runtime
+instead of silently overwriting the cache.
+"""
+
+import dataclasses
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from kzoo.export import litertlm_model
+from kzoo.export import verification
+from kzoo.export.tflite_conversion import convert
+from kzoo.export.tflite_conversion import op_census
+from kzoo.models import TiedLogits
+
+# Format -> (file, the TFLite conversion of its model).
+BUNDLES = {
+    "litertlm": ("model.litertlm", "tflite_fp32"),
+    "litertlm_int8": ("model_int8.litertlm", "tflite_int8_dynamic"),
+}
+# Prefill chunk lengths, of which those that divide the cache length are used.
+DEFAULT_PREFILL_LENGTHS = (16, 64, 256)
+# Near-greedy: as `recipes/gpt_lm.py` samples.
+DEFAULT_SAMPLER = {"type": "TOP_K", "k": 5, "p": 1.0, "temperature": 1.0, "seed": 0}
+
+
+def prefill_lengths(cache_length, lengths=None):
+    """The `prefill_<N>` chunk lengths of a bundle with `cache_length` positions.
+
+    Args:
+        cache_length: int.
+        lengths: None for those of `DEFAULT_PREFILL_LENGTHS` that divide `cache_length`
+            (else its largest divisor up to 64), or ints in `[1, cache_length]` whose largest
+            divides `cache_length`.
+
+    Returns:
+        A sorted tuple of ints.
+    """
+    if lengths is None:
+        lengths = [n for n in DEFAULT_PREFILL_LENGTHS if cache_length % n == 0]
+        lengths = lengths or [max(n for n in range(1, 65) if cache_length % n == 0)]
+    lengths = tuple(sorted({int(n) for n in lengths}))
+    if not lengths or not 1 <= lengths[0] <= lengths[-1] <= cache_length or cache_length % lengths[-1]:
+        raise ValueError(
+            f"Prefill lengths must be in [1, {cache_length}] with the largest dividing the cache length "
+            f"{cache_length}; received {list(lengths)}."
+        )
+    return lengths
+
+
+class RuntimeSignatures:
+    """A causal LM's `prefill_<N>` and `decode` in LiteRT-LM's conventions (see the module docstring).
+
+    Built on the task's own serving interface, `empty_cache` and `call_with_cache`; the
+    attributes `tflite_conversion.convert` reads (`tflite_functions`, `trackable`,
+    `tied_embeddings`) make it convertible like `ServingSignatures`.
+
+    Args:
+        model: a task with `empty_cache(batch_size, length)` and
+            `call_with_cache(token_ids, cache, cache_index) -> (logits, hidden, cache)`.
+        cache_length: int, the KV cache positions: the bundle's `max_num_tokens`.
+        lengths: the prefill chunk lengths (`prefill_lengths`).
+    """
+
+    def __init__(self, model, cache_length, lengths=None):
+        self.cache_length = cache_length
+        self.prefill_lengths = prefill_lengths(cache_length, lengths)
+        self.tied_embeddings = any(isinstance(layer, TiedLogits) for layer in model.layers)
+        cache = model.empty_cache(1, cache_length)
+        specs = []
+        for i, (keys, values) in enumerate(cache):
+            specs += [
+                tf.TensorSpec(keys.shape, keys.dtype, name=f"kv_cache_k_{i}"),
+                tf.TensorSpec(values.shape, values.dtype, name=f"kv_cache_v_{i}"),
+            ]
+        self._functions = [_prefill(model, n, cache_length, specs) for n in self.prefill_lengths]
+        self._functions.append(_decode(model, specs))
+        self._concrete = [function.get_concrete_function() for function in self._functions]
+        seen = set()
+        self.variables = [v for f in self._concrete for v in f.variables if id(v) not in seen and not seen.add(id(v))]
+
+    def tflite_functions(self, generation=True):
+        return self._concrete
+
+    def trackable(self):
+        """A `tf.Module` holding exactly the variables the signatures read, so that the
+        converter freezes them into constants."""
+        root = tf.Module(name="kzoo_litertlm")
+        root.model_variables = list(self.variables)
+        return root
+
+
+def _flatten(cache):
+    state = {}
+    for i, (keys, values) in enumerate(cache):
+        state[f"kv_cache_k_{i}"], state[f"kv_cache_v_{i}"] = keys, values
+    return state
+
+
+def _pair_up(tensors):
+    return tuple(zip(tensors[0::2], tensors[1::2]))
+
+
+def _prefill(model, length, cache_length, cache_specs):
+    def prefill(tokens, input_pos, *cache):
+        # A slice of [0, cache_length) at the chunk's start: a chunk that would run past the
+        # cache fails here, where the cache update would silently clamp its start.
+        start = tf.slice(tf.range(cache_length), input_pos[:1], [length])[0]
+        _, _, cache = model.call_with_cache(tokens, _pair_up(cache), start)
+        return _flatten(cache)
+
+    prefill.__name__ = f"prefill_{length}"  # the signature's name in the TFLite file
+    specs = [tf.TensorSpec([1, length], tf.int32, name="tokens"), tf.TensorSpec([length], tf.int32, name="input_pos")]
+    return tf.function(prefill, input_signature=[*specs, *cache_specs])
+
+
+def _decode(model, cache_specs):
+    def decode(tokens, input_pos, *cache):
+        logits, _, cache = model.call_with_cache(tokens, _pair_up(cache), input_pos[0])
+        return {"logits": logits, **_flatten(cache)}  # logits (1, 1, V)
+
+    specs = [tf.TensorSpec([1, 1], tf.int32, name="tokens"), tf.TensorSpec([1], tf.int32, name="input_pos")]
+    return tf.function(decode, input_signature=[*specs, *cache_specs])
+
+
+@dataclasses.dataclass
+class Sampler:
+    """A bundle's default sampler (LiteRT-LM's `SamplerParameters`): `type` "GREEDY",
+    "TOP_K" or "TOP_P", with `k`, `p`, `temperature` and `seed`."""
+
+    type: str = DEFAULT_SAMPLER["type"]
+    k: int = DEFAULT_SAMPLER["k"]
+    p: float = DEFAULT_SAMPLER["p"]
+    temperature: float = DEFAULT_SAMPLER["temperature"]
+    seed: int = DEFAULT_SAMPLER["seed"]
+
+
+def llm_metadata(max_num_tokens, stop_token_ids, start_token_id=None, sampler=None):
+    """The bundle's `LlmMetadata` proto.
+
+    Args:
+        max_num_tokens: int, prompt and generated tokens together (the cache length).
+        stop_token_ids: non-empty list of ints (the runtime refuses a bundle without one).
+        start_token_id: int put before every prompt, or None.
+        sampler: a `Sampler`, by default top-k with k = 5.
+    """
+    from litert_lm_builder.runtime.proto import llm_metadata_pb2
+    from litert_lm_builder.runtime.proto import sampler_params_pb2
+
+    if not stop_token_ids:
+        raise ValueError("A LiteRT-LM bundle needs at least one stop token id.")
+    sampler = sampler or Sampler()
+    metadata = llm_metadata_pb2.LlmMetadata(max_num_tokens=int(max_num_tokens))
+    if start_token_id is not None:
+        metadata.start_token.token_ids.ids.append(int(start_token_id))
+    for token in stop_token_ids:
+        metadata.stop_tokens.add().token_ids.ids.append(int(token))
+    parameters = metadata.sampler_params
+    parameters.type = sampler_params_pb2.SamplerParameters.Type.Value(sampler.type)
+    parameters.k, parameters.p = sampler.k, sampler.p
+    parameters.temperature, parameters.seed = sampler.temperature, sampler.seed
+    return metadata
+
+
+def write_bundle(path, tflite_model, tokenizer_json, metadata):
+    """Packs a `.litertlm` file with litert-lm-builder.
+
+    Args:
+        path: the file to write.
+        tflite_model: bytes, the TFLite model (`RuntimeSignatures` converted).
+        tokenizer_json: str, the Hugging Face `tokenizer.json` text.
+        metadata: the `LlmMetadata` proto (`llm_metadata`).
+    """
+    from litert_lm_builder import litertlm_builder
+
+    with tempfile.TemporaryDirectory() as folder:
+        folder = Path(folder)
+        (folder / "model.tflite").write_bytes(tflite_model)
+        (folder / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
+        (folder / "llm_metadata.pb").write_bytes(metadata.SerializeToString())
+        builder = litertlm_builder.LitertLmFileBuilder()
+        builder.add_tflite_model(str(folder / "model.tflite"), litertlm_builder.TfLiteModelType.PREFILL_DECODE)
+        builder.add_hf_tokenizer(str(folder / "tokenizer.json"))
+        builder.add_llm_metadata(str(folder / "llm_metadata.pb"))
+        with open(path, "wb") as file:
+            builder.build(file)
+
+
+def export_bundles(model, tokenizer, folder, reference, *, cache_length, lengths=None, generate_tokens=32,
+                   quality_bound=0.05, num_threads=2):
+    """Writes `model.litertlm` (float32) and `model_int8.litertlm` (int8 weights, dynamic range)
+    into `folder` and checks each in LiteRT-LM against the Keras model.
+
+    Checks, per bundle: the runtime's tokenizer gives the Keras tokenizer's ids for each
+    prompt; greedy text from the runtime (`top_k=1`) against Keras' greedy `generate` on a
+    one-token prompt, a short one and one longer than the largest prefill chunk where the
+    cache allows; and the next-token logits of the bundle's model (its `decode` signature, run
+    over held-out rows one token at a time) against Keras' logits. The caller decides which
+    results pass (`kzoo.export.export`: float32 must match, int8 stay within a quality bound).
+
+    Args:
+        model: a `GPTCausalLM` (a task with `empty_cache`, `call_with_cache`, `generate`).
+        tokenizer: its keras-hub tokenizer (one `kzoo.data.tokenizer_json` writes).
+        folder: where the two files go.
+        reference: `Reference`, the held-out rows and what Keras gives for them.
+        cache_length: int, the bundle's `max_num_tokens`.
+        lengths: the prefill chunk lengths (`prefill_lengths`).
+        generate_tokens: int, new tokens per greedy check.
+        quality_bound: float, recorded with the int8 quality (nats).
+        num_threads: int, the runtime's CPU threads.
+
+    Returns:
+        `{"litertlm": record, "litertlm_int8": record}`; a record has the file's `path`,
+        `size_bytes`, `tflite_bytes`, `prefill_lengths`, `max_num_tokens`, `export_seconds`,
+        `ops`, `max_abs_diff` and `quality` (over the reference rows), `tokenizer` and
+        `generation` (`matches_keras`, `token_agreement` and the cases), and `latency_ms`.
+    """
+    from kzoo.data.tokenizer_json import hugging_face_tokenizer  # kzoo.data imports tensorflow-datasets
+
+    exported = hugging_face_tokenizer(tokenizer)
+    signatures = RuntimeSignatures(model, cache_length, lengths)
+    metadata = llm_metadata(cache_length, exported.stop_token_ids, exported.start_token_id)
+    cases = _generation_cases(model, tokenizer, reference, signatures, exported, generate_tokens)
+    records = {}
+    for name, (file_name, tflite_format) in BUNDLES.items():
+        start = time.perf_counter()
+        flatbuffer = convert(signatures, tflite_format)
+        path = Path(folder) / file_name
+        write_bundle(path, flatbuffer, exported.tokenizer.to_str(), metadata)
+        seconds = time.perf_counter() - start
+        rows, positions = reference.token_ids.shape[0], min(cache_length, reference.token_ids.shape[1])
+        logits = np.stack([
+            litertlm_model.teacher_forced_logits(flatbuffer, row[:positions], num_threads)
+            for row in reference.token_ids
+        ])
+        keras_logits = reference.logits[:, :positions]
+        record = {
+            "path": file_name,
+            "size_bytes": path.stat().st_size,
+            "tflite_bytes": len(flatbuffer),
+            "description": "float32" if tflite_format == "tflite_fp32" else "int8 weights, dynamic range",
+            "prefill_lengths": list(signatures.prefill_lengths),
+            "max_num_tokens": cache_length,
+            "export_seconds": round(seconds, 2),
+            "ops": op_census(flatbuffer),
+            "max_abs_diff": {str(positions): verification.max_abs_diff(logits, keras_logits)},
+            "tolerance": {str(positions): verification.fp32_tolerance(keras_logits)},
+            "quality": verification.quality(
+                logits, reference.targets[:, :positions], _crop(reference.sample_weight, positions), keras_logits
+            ),
+            "checked_rows": rows,
+        }
+        keras_quality = verification.quality(keras_logits, reference.targets[:, :positions], _crop(reference.sample_weight, positions))
+        record["quality"]["keras_cross_entropy"] = keras_quality["cross_entropy"]
+        record["quality"]["cross_entropy_increase"] = record["quality"]["cross_entropy"] - keras_quality["cross_entropy"]
+        if tflite_format != "tflite_fp32":
+            record["quality"]["bound"] = quality_bound
+        runtime = litertlm_model.LiteRTLMModel(path, num_threads)
+        try:
+            record.update(_run_cases(runtime, cases))
+        finally:
+            runtime.close()
+        records[name] = record
+    return records
+
+
+def _crop(sample_weight, positions):
+    return None if sample_weight is None else sample_weight[:, :positions]
+
+
+@dataclasses.dataclass
+class Reference:
+    """Held-out rows and the Keras model's outputs for them.
+
+    Attributes:
+        token_ids: int `(N, T)`, held-out rows (T at least the cache length, or all of it).
+        logits: float `(N, T, V)`, the Keras model's logits for them.
+        targets: int `(N, T)`, the next tokens (or the Keras argmax for synthetic rows).
+        sample_weight: `(N, T)` or None.
+    """
+
+    token_ids: np.ndarray
+    logits: np.ndarray
+    targets: np.ndarray
+    sample_weight: object = None
+
+
+def _generation_cases(model, tokenizer, reference, signatures, exported, generate_tokens):
+    """Prompts (text and ids) and the Keras model's greedy continuation of each as text.
+
+    Lengths: 1, 7 and, where the cache leaves room, longer than the largest prefill chunk;
+    each cut from a held-out row, detokenized and tokenized again (the text is what the
+    runtime gets)."""
+    cache_length = signatures.cache_length
+    new_tokens = max(1, min(generate_tokens, cache_length // 4))
+    longest = cache_length - new_tokens
+    lengths = sorted({1, min(7, longest), min(2 * signatures.prefill_lengths[-1] + 3, longest)})
+    rows = reference.token_ids
+    cases = []
+    for i, length in enumerate(lengths):
+        text = _text(tokenizer.detokenize(rows[i % len(rows)][:length]))
+        ids = [int(token) for token in np.asarray(tokenizer(text))]
+        new = min(new_tokens, cache_length - len(ids))
+        start = ([exported.start_token_id] if exported.start_token_id is not None else [])
+        output = model.generate([start + ids], max_length=len(start) + len(ids) + new,
+                                stop_token_ids=exported.stop_token_ids, jit_compile=False)[0]
+        generated = output[len(start) + len(ids):]
+        if generated and generated[-1] in exported.stop_token_ids:
+            generated = generated[:-1]  # the runtime does not return the stop token
+        cases.append({
+            "prompt": text,
+            "prompt_ids": ids,
+            "new_tokens": new,
+            "keras_ids": [int(token) for token in generated],
+            "keras": _text(tokenizer.detokenize(generated)) if generated else "",
+        })
+    return cases
+
+
+def _run_cases(runtime, cases):
+    """The runtime's tokenization and greedy text for each case, against Keras'."""
+    tokenizer_matches, results, decode_rates = True, [], []
+    generated_ids, reference_ids = [], []
+    for case in cases:
+        runtime_ids = runtime.tokenize(case["prompt"])
+        tokenizer_matches &= runtime_ids == case["prompt_ids"]
+        text, timing = runtime.timed_generate(case["prompt"], case["new_tokens"], top_k=1)
+        results.append({
+            "prompt_tokens": len(case["prompt_ids"]), "new_tokens": case["new_tokens"],
+            "keras": case["keras"], "litertlm": text,
+        })
+        generated_ids.append(runtime.tokenize(text) if text else [])
+        reference_ids.append(case["keras_ids"])
+        if timing["decode_tokens_per_second"] > 0:
+            decode_rates.append((timing["decode_tokens"], timing["decode_tokens_per_second"]))
+    agreement = verification.compare_generations(generated_ids, reference_ids, [0] * len(cases))
+    record = {
+        "tokenizer": {"matches_keras": bool(tokenizer_matches)},
+        "generation": {
+            "matches_keras": all(r["keras"] == r["litertlm"] for r in results),
+            "token_agreement": agreement["token_agreement"],
+            "cases": results,
+        },
+        "latency_ms": {},
+    }
+    if decode_rates:
+        _, rate = max(decode_rates)  # the longest generation
+        record["latency_ms"]["decode_step"] = 1000 / rate
+    return record
+
+
+def _text(text):
+    return text.numpy().decode() if hasattr(text, "numpy") else str(text)

@@ -1,0 +1,241 @@
+"""Runs kzoo's `.litertlm` bundles in Google's LiteRT-LM runtime, streaming text.
+
+This module imports only NumPy, `litert_lm` (the `litert-lm-api` package), `litert_lm_builder`
+(to read a bundle's header) and `ai_edge_litert`, never TensorFlow or the rest of kzoo, so that
+`export/serve_litertlm.py` can load it by its path. kzoo's exporter verifies its bundles
+through it too, so what is checked is what is served.
+
+A bundle (`kzoo.export.litertlm` writes them) holds the TFLite model, a Hugging Face
+`tokenizer.json` and an `LlmMetadata` proto (start and stop tokens, the maximum number of
+tokens, the default sampler). The runtime tokenizes the prompt, prefills it in chunks, then
+decodes one token at a time until a stop token, `max_new_tokens` or the maximum.
+"""
+
+import struct
+import time
+from pathlib import Path
+
+import numpy as np
+
+_MAGIC = b"LITERTLM"
+_HEADER_BEGIN = 32  # the header's flatbuffer starts here; its end offset is stored at byte 24
+_HEADER_END_AT = 24
+
+
+class LiteRTLMModel:
+    """A `.litertlm` bundle in LiteRT-LM, on the CPU: text in, text out.
+
+    Each `stream` or `generate` call runs one session: the prompt (tokenized by the bundle's
+    own tokenizer, after its start token if it has one), then up to `max_new_tokens` tokens,
+    stopping early at a stop token (not part of the text). Greedy decoding (`top_k=1`) gives
+    the tokens of the Keras model's greedy `generate` (the exporter checks this).
+
+    Bad input raises ValueError before the runtime sees it: an empty prompt, a prompt that
+    leaves no room in the bundle's `max_num_tokens`, `max_new_tokens` beyond that room.
+    Characters outside the vocabulary are tokenized as the bundle's tokenizer says (kzoo's
+    character tokenizer: the unknown id 26).
+
+    Args:
+        path: the `.litertlm` file. A file that is not a bundle, or is truncated, raises
+            ValueError naming it (the runtime itself would abort the process).
+        num_threads: int, CPU threads.
+        cache_dir: where the runtime may keep its packed-weight cache for faster loading, or
+            None for no cache (by default the runtime writes one beside the bundle).
+
+    Example:
+    >>> lm = LiteRTLMModel("runs/gpt_lm/export/model.litertlm")
+    >>> for text in lm.stream("ROMEO:", max_new_tokens=100, top_k=5, seed=0):
+    ...     print(text, end="", flush=True)
+    """
+
+    def __init__(self, path, num_threads=2, cache_dir=None):
+        import litert_lm
+
+        self.path = Path(path)
+        self.metadata = read_metadata(self.path)
+        self.max_num_tokens = int(self.metadata.max_num_tokens)
+        self.stop_token_ids = [list(token.token_ids.ids) for token in self.metadata.stop_tokens]
+        start = self.metadata.start_token
+        self.start_token_ids = list(start.token_ids.ids) if start.HasField("token_ids") else []
+        litert_lm.set_min_log_severity(litert_lm.LogSeverity.ERROR)
+        self._litert_lm = litert_lm
+        try:
+            self.engine = litert_lm.Engine(
+                str(self.path),
+                backend=litert_lm.Backend.CPU(thread_count=num_threads),
+                cache_dir=":nocache" if cache_dir is None else str(cache_dir),
+                enable_benchmark=True,
+            )
+        except RuntimeError as error:
+            raise ValueError(f"LiteRT-LM could not load {self.path}: {error}") from error
+
+    def tokenize(self, text):
+        """The ids the bundle's tokenizer gives `text` (without the start token)."""
+        return list(self.engine.tokenize(text))
+
+    def detokenize(self, token_ids):
+        return self.engine.detokenize([int(token) for token in token_ids])
+
+    def stream(self, prompt, max_new_tokens=None, *, top_k=None, top_p=None, temperature=None, seed=None):
+        """Yields the text after `prompt` as the runtime produces it.
+
+        Args:
+            prompt: str, at least one character.
+            max_new_tokens: int, the most tokens to generate; defaults to all the room left
+                in the bundle's `max_num_tokens`.
+            top_k, top_p, temperature, seed: the sampler; all None gives the bundle's
+                default sampler, `top_k=1` greedy decoding. A fixed seed repeats the text.
+        """
+        session = self._session(prompt, max_new_tokens, top_k, top_p, temperature, seed)
+        try:
+            session.run_prefill([prompt])
+            for response in session.run_decode_async():
+                yield "".join(response.texts)
+        finally:
+            session.close()
+
+    def generate(self, prompt, max_new_tokens=None, **sampler):
+        """The whole text after `prompt` (see `stream`)."""
+        return "".join(self.stream(prompt, max_new_tokens, **sampler))
+
+    def timed_generate(self, prompt, max_new_tokens=None, **sampler):
+        """`(text, timing)`: `generate` and the runtime's own timing of it:
+        `{"prefill_tokens", "prefill_tokens_per_second", "decode_tokens",
+        "decode_tokens_per_second", "seconds"}` (wall time from prefill to the last token)."""
+        session = self._session(prompt, max_new_tokens, *(sampler.get(k) for k in ("top_k", "top_p", "temperature", "seed")))
+        try:
+            start = time.perf_counter()
+            session.run_prefill([prompt])
+            text = "".join("".join(response.texts) for response in session.run_decode_async())
+            seconds = time.perf_counter() - start
+            info = session.get_benchmark_info()
+        finally:
+            session.close()
+        return text, {
+            "prefill_tokens": info.last_prefill_token_count,
+            "prefill_tokens_per_second": info.last_prefill_tokens_per_second,
+            "decode_tokens": info.last_decode_token_count,
+            "decode_tokens_per_second": info.last_decode_tokens_per_second,
+            "seconds": seconds,
+        }
+
+    def check_request(self, prompt, max_new_tokens=None):
+        """The number of new tokens a request gets; raises ValueError for a bad one."""
+        if not isinstance(prompt, str) or not prompt:
+            raise ValueError(f"The prompt must be a non-empty string; received {prompt!r}.")
+        length = len(self.start_token_ids) + len(self.tokenize(prompt))
+        room = self.max_num_tokens - length
+        if room < 1:
+            raise ValueError(
+                f"The prompt is {length} tokens long; {self.path.name} takes at most {self.max_num_tokens} "
+                f"tokens in all, so a prompt may have at most {self.max_num_tokens - 1}."
+            )
+        if max_new_tokens is None:
+            return room
+        if not 1 <= max_new_tokens <= room:
+            raise ValueError(
+                f"`max_new_tokens` must be in [1, {room}]: the prompt's {length} tokens and the new ones must "
+                f"fit in the {self.max_num_tokens} tokens of {self.path.name}; received {max_new_tokens}."
+            )
+        return max_new_tokens
+
+    def _session(self, prompt, max_new_tokens, top_k, top_p, temperature, seed):
+        max_new_tokens = self.check_request(prompt, max_new_tokens)
+        litert_lm = self._litert_lm
+        sampler = None
+        if (top_k, top_p, temperature, seed) != (None, None, None, None):
+            sampler = litert_lm.SamplerConfig(top_k=top_k, top_p=top_p, temperature=temperature, seed=seed)
+        return self.engine.create_session(
+            apply_prompt_template=False, sampler_config=sampler, max_output_tokens=max_new_tokens
+        )
+
+    def close(self):
+        self.engine.close()
+
+
+def read_sections(path):
+    """`[(data_type, model_type or None, begin, end)]` of a `.litertlm` file, after checking
+    that it is one and that no section runs past its end; raises FileNotFoundError or
+    ValueError naming the file."""
+    from litert_lm_builder import litertlm_core
+    from litert_lm_builder import litertlm_header_schema_py_generated as schema
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"No LiteRT-LM bundle at {path}.")
+    size = path.stat().st_size
+    with open(path, "rb") as file:
+        head = file.read(_HEADER_BEGIN)
+        if len(head) < _HEADER_BEGIN or not head.startswith(_MAGIC):
+            raise ValueError(f"{path} is not a LiteRT-LM bundle (.litertlm): it does not start with {_MAGIC!r}.")
+        header_end = struct.unpack_from("<Q", head, _HEADER_END_AT)[0]
+        if not _HEADER_BEGIN < header_end <= size:
+            raise ValueError(f"{path} is truncated or corrupt: its header ends at byte {header_end} of {size}.")
+        header = file.read(header_end - _HEADER_BEGIN)
+    try:
+        objects = schema.LiteRTLMMetaData.GetRootAs(header, 0).SectionMetadata()
+        sections = []
+        for i in range(objects.ObjectsLength()):
+            section = objects.Objects(i)
+            items = {section.Items(j).Key().decode(): section.Items(j) for j in range(section.ItemsLength())}
+            model_type = None
+            if "model_type" in items:
+                model_type = schema.StringValue()
+                model_type.Init(items["model_type"].Value().Bytes, items["model_type"].Value().Pos)
+                model_type = model_type.Value().decode()
+            kind = litertlm_core.any_section_data_type_to_string(section.DataType())
+            sections.append((kind, model_type, section.BeginOffset(), section.EndOffset()))
+    except Exception as error:  # a flatbuffer with garbage offsets fails in many ways
+        raise ValueError(f"{path} is corrupt: its header cannot be read ({type(error).__name__}: {error}).") from error
+    for kind, _, begin, end in sections:
+        if not begin <= end <= size:
+            raise ValueError(
+                f"{path} is truncated or corrupt: its {kind} section ends at byte {end}, "
+                f"past the end of the file ({size} bytes)."
+            )
+    kinds = {kind for kind, *_ in sections}
+    missing = {"TFLiteModel", "LlmMetadataProto"} - kinds
+    if missing or not kinds & {"HF_Tokenizer_Zlib", "SP_Tokenizer"}:
+        raise ValueError(f"{path} is not a complete LiteRT-LM bundle: it has sections {sorted(kinds)}.")
+    return sections
+
+
+def read_metadata(path):
+    """The bundle's `LlmMetadata` proto (after `read_sections`' checks)."""
+    from litert_lm_builder.runtime.proto import llm_metadata_pb2
+
+    (begin, end), = [(b, e) for kind, _, b, e in read_sections(path) if kind == "LlmMetadataProto"]
+    metadata = llm_metadata_pb2.LlmMetadata()
+    metadata.ParseFromString(_read(path, begin, end))
+    return metadata
+
+
+def read_tflite_model(path):
+    """The bytes of the bundle's prefill/decode TFLite model."""
+    sections = read_sections(path)
+    (begin, end), = [(b, e) for kind, model_type, b, e in sections if kind == "TFLiteModel"]
+    return _read(path, begin, end)
+
+
+def _read(path, begin, end):
+    with open(path, "rb") as file:
+        file.seek(begin)
+        return file.read(end - begin)
+
+
+def teacher_forced_logits(tflite_model, token_ids, num_threads=2):
+    """The next-token logits `(T, V)` at every position of `token_ids` (T ints), computed by
+    the `decode` signature of a bundle's TFLite model one token at a time in LiteRT, with the
+    KV cache passed from step to step: what the runtime computes, without its sampler."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    interpreter = Interpreter(model_content=bytes(tflite_model), num_threads=num_threads)
+    decode = interpreter.get_signature_runner("decode")
+    details = decode.get_input_details()
+    state = {name: np.zeros(d["shape"], d["dtype"]) for name, d in details.items() if name.startswith("kv_cache_")}
+    logits = []
+    for position, token in enumerate(token_ids):
+        outputs = decode(tokens=np.asarray([[token]], np.int32), input_pos=np.asarray([position], np.int32), **state)
+        logits.append(outputs["logits"][0, -1])
+        state = {name: outputs[name] for name in state}
+    return np.stack(logits)
