@@ -1,11 +1,13 @@
-"""Exports a saved kzoo model for serving: SavedModel and TFLite files, verified against Keras.
+"""Exports a saved kzoo model for serving: SavedModel, TFLite and LiteRT-LM files, verified against Keras.
 
     python export/export.py MODEL.keras --out DIR
-        [--formats savedmodel,tflite_fp32,tflite_fp16,tflite_int8_dynamic,tflite_int8]
+        [--formats savedmodel,tflite_fp32,tflite_fp16,tflite_int8_dynamic,tflite_int8,litertlm]
         [--representative-data NAME] [--overwrite]
 
-Writes DIR/savedmodel/, DIR/model_<precision>.tflite and DIR/export_report.json (sizes, max
-abs differences from Keras at lengths 1, 7 and full, quality deltas, latencies); see
+Writes DIR/savedmodel/, DIR/model_<precision>.tflite, for a causal LM with its tokenizer
+DIR/model.litertlm and DIR/model_int8.litertlm (run in LiteRT-LM by export/serve_litertlm.py),
+and DIR/export_report.json (sizes, max abs differences from Keras at lengths 1, 7 and full,
+quality deltas, latencies); see
 `kzoo.export.export`. Exits with status 1 and a message, leaving nothing at DIR, when the
 model cannot be read, a format is unknown, DIR cannot be written, or an artifact disagrees
 with the Keras model beyond its tolerance.
@@ -30,8 +32,8 @@ def parse_args(argv):
     parser.add_argument("--out", required=True, help="the folder to create")
     parser.add_argument(
         "--formats",
-        help="comma-separated: savedmodel, tflite_fp32, tflite_fp16, tflite_int8_dynamic, tflite_int8 "
-        "(default: all but the opt-in full integer tflite_int8)",
+        help="comma-separated: savedmodel, tflite_fp32, tflite_fp16, tflite_int8_dynamic, tflite_int8, litertlm "
+        "(default: all but the opt-in full integer tflite_int8; litertlm for causal LMs with a tokenizer)",
     )
     parser.add_argument(
         "--representative-data",
@@ -43,6 +45,9 @@ def parse_args(argv):
     parser.add_argument("--data-dir", help="the tensorflow-datasets folder (default: tfds' own)")
     parser.add_argument("--max-length", type=int, help="the full sequence length checked (default: the model's)")
     parser.add_argument("--cache-length", type=int, help="positions of the TFLite KV cache (default: the model's maximum)")
+    parser.add_argument(
+        "--prefill-lengths", type=lengths, help="LiteRT-LM prefill chunk lengths, e.g. 16,64 (default: 16, 64, 256 where they divide the cache)"
+    )
     parser.add_argument("--num-examples", type=int, default=32, help="held-out rows (default: 32)")
     parser.add_argument("--num-representative", type=int, default=32, help="calibration rows for tflite_int8 (default: 32)")
     parser.add_argument("--generate-tokens", type=int, default=32, help="new tokens per generation check (default: 32)")
@@ -58,6 +63,14 @@ def parse_args(argv):
     parser.add_argument("--compare-model-export", action="store_true", help="also report the size of Keras' model.export")
     parser.add_argument("--overwrite", action="store_true", help="replace DIR if it exists")
     return parser.parse_args(argv)
+
+
+def lengths(text):
+    """"16,64" -> [16, 64] (argparse type)."""
+    try:
+        return [int(n) for n in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes comma-separated integers, e.g. 16,64; received {text!r}")
 
 
 def quality_bounds(pairs):
@@ -81,7 +94,7 @@ def summary(report):
         lines.append(
             f"{name:20s} {artifact['size_bytes'] / 1e6:8.2f} MB  "
             f"max|diff| {max(artifact['max_abs_diff'].values()):.2e}  "
-            + (f"cross-entropy {delta:+.4f} (bound {quality['bound']:g})  " if delta is not None else "")
+            + (f"cross-entropy {delta:+.4f}" + (f" (bound {quality['bound']:g})  " if "bound" in quality else "  ") if delta is not None else "")
             + (f"generation {'=' if generation['matches_keras'] else '!='} Keras  " if generation else "")
             + (f"text signature {'=' if text['matches_keras'] else '!='} Keras  " if text else "")
             + "  ".join(f"{key} {value:.2f} ms" for key, value in artifact["latency_ms"].items())
@@ -110,6 +123,7 @@ def main(argv=None):
             quality_bounds=quality_bounds(args.quality_bound),
             compare_model_export=args.compare_model_export,
             overwrite=args.overwrite,
+            prefill_lengths=args.prefill_lengths,
         )
     except kzoo_export.ExportError as error:
         print(f"export failed: {error}", file=sys.stderr)

@@ -175,6 +175,8 @@ def export(
     )
     try:
         check_cache_length(model, cache_length)
+        if "litertlm" in formats:
+            litertlm.prefill_lengths(check_cache_length(model, cache_length), prefill_lengths)
     except ValueError as error:
         raise ExportError(str(error)) from error
     signatures = ServingSignatures(model, cache_length, tokenizer)

@@ -1,8 +1,8 @@
 """Runs kzoo's `.litertlm` bundles in Google's LiteRT-LM runtime, streaming text.
 
-This module imports only NumPy, `litert_lm` (the `litert-lm-api` package), `litert_lm_builder`
-(to read a bundle's header) and `ai_edge_litert`, never TensorFlow or the rest of kzoo, so that
-`export/serve_litertlm.py` can load it by its path. kzoo's exporter verifies its bundles
+Serving needs only `litert_lm` (the `litert-lm-api` package) and `litert_lm_builder` (to read
+a bundle's header); `teacher_forced_logits` also NumPy and `ai_edge_litert`. This module never
+imports TensorFlow or the rest of kzoo, so that `export/serve_litertlm.py` can load it by its path. kzoo's exporter verifies its bundles
 through it too, so what is checked is what is served.
 
 A bundle (`kzoo.export.litertlm` writes them) holds the TFLite model, a Hugging Face
@@ -14,8 +14,6 @@ decodes one token at a time until a stop token, `max_new_tokens` or the maximum.
 import struct
 import time
 from pathlib import Path
-
-import numpy as np
 
 _MAGIC = b"LITERTLM"
 _HEADER_BEGIN = 32  # the header's flatbuffer starts here; its end offset is stored at byte 24
@@ -141,10 +139,15 @@ class LiteRTLMModel:
 
     def _session(self, prompt, max_new_tokens, top_k, top_p, temperature, seed):
         max_new_tokens = self.check_request(prompt, max_new_tokens)
-        litert_lm = self._litert_lm
-        sampler = None
-        if (top_k, top_p, temperature, seed) != (None, None, None, None):
-            sampler = litert_lm.SamplerConfig(top_k=top_k, top_p=top_p, temperature=temperature, seed=seed)
+        # Unset options come from the bundle's sampler: litert_lm would make them greedy.
+        default = self.metadata.sampler_params
+        greedy = default.type == default.GREEDY
+        sampler = self._litert_lm.SamplerConfig(
+            top_k=top_k or (1 if greedy else default.k or None),
+            top_p=default.p if top_p is None else top_p,
+            temperature=default.temperature if temperature is None else temperature,
+            seed=default.seed if seed is None else seed,
+        )
         return self.engine.create_session(
             apply_prompt_template=False, sampler_config=sampler, max_output_tokens=max_new_tokens
         )
@@ -227,6 +230,7 @@ def teacher_forced_logits(tflite_model, token_ids, num_threads=2):
     """The next-token logits `(T, V)` at every position of `token_ids` (T ints), computed by
     the `decode` signature of a bundle's TFLite model one token at a time in LiteRT, with the
     KV cache passed from step to step: what the runtime computes, without its sampler."""
+    import numpy as np
     from ai_edge_litert.interpreter import Interpreter
 
     interpreter = Interpreter(model_content=bytes(tflite_model), num_threads=num_threads)

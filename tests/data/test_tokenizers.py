@@ -65,7 +65,7 @@ def test_character_tokenizer_is_code_points_and_round_trips(tmp_path):
     ids = tokenizer(text)
     assert ids.tolist() == [ord(c) for c in text]
     assert tokenizer.detokenize(ids) == text
-    assert tokenizer("é").tolist() == [127]  # clamped below vocabulary_size
+    assert tokenizer("é").tolist() == [26]  # outside the vocabulary: the unknown id (ASCII SUB)
     save_tokenizer(tokenizer, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tokenizer.json"]
     restored = load_tokenizer(tmp_path)

@@ -1,0 +1,66 @@
+"""Generates text from a kzoo `.litertlm` bundle in Google's LiteRT-LM runtime, streaming it.
+
+    python export/serve_litertlm.py DIR/model.litertlm --prompt "ROMEO:"
+        [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--greedy]
+
+Prints the prompt, then the text as the runtime produces it. The bundle carries its tokenizer
+and its default sampler (kzoo's: top-k, k = 5); the flags override the sampler, `--greedy`
+takes the most likely token each time (the text Keras' greedy `generate` gives). Exits with
+status 1 and a message for a file that is not a bundle or is truncated, an empty prompt, or a
+prompt or `--max-new-tokens` that does not fit in the bundle's maximum number of tokens.
+
+The runner, `kzoo/export/litertlm_model.py`, is loaded by its path: importing the `kzoo`
+package would import TensorFlow; this needs only the `litert-lm-api` and `litert-lm-builder`
+packages (`pip install 'kzoo[litertlm]'`).
+"""
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+
+def load_runner():
+    """`kzoo.export.litertlm_model`, from beside this file or from the kzoo repository."""
+    here = Path(__file__).resolve().parent
+    for path in (here / "litertlm_model.py", here.parent / "kzoo" / "export" / "litertlm_model.py"):
+        if path.is_file():
+            spec = importlib.util.spec_from_file_location("litertlm_model", path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return module
+    raise SystemExit("litertlm_model.py not found: copy kzoo/export/litertlm_model.py beside this script.")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("bundle", help="a .litertlm file written by export/export.py")
+    parser.add_argument("--prompt", required=True, help="the text to continue")
+    parser.add_argument("--max-new-tokens", type=int, help="the most tokens to generate (default: all that fit)")
+    parser.add_argument("--temperature", type=float, help="sampling temperature (default: the bundle's)")
+    parser.add_argument("--top-k", type=int, help="sample among the k most likely tokens (default: the bundle's)")
+    parser.add_argument("--top-p", type=float, help="sample among the most likely tokens of total probability p")
+    parser.add_argument("--seed", type=int, help="the sampler's seed: the same seed repeats the text")
+    parser.add_argument("--greedy", action="store_true", help="always the most likely token (as --top-k 1)")
+    parser.add_argument("--num-threads", type=int, default=2, help="CPU threads (default: 2)")
+    args = parser.parse_args(argv)
+    if args.greedy and args.top_k not in (None, 1):
+        parser.error("--greedy is --top-k 1; leave out --top-k.")
+
+    runner = load_runner()
+    sampler = {"top_k": 1 if args.greedy else args.top_k, "top_p": args.top_p, "temperature": args.temperature, "seed": args.seed}
+    try:
+        model = runner.LiteRTLMModel(args.bundle, num_threads=args.num_threads)
+        model.check_request(args.prompt, args.max_new_tokens)
+        print(args.prompt, end="", flush=True)
+        for text in model.stream(args.prompt, args.max_new_tokens, **sampler):
+            print(text, end="", flush=True)
+        print()
+    except (OSError, ValueError) as error:
+        print(f"serve failed: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,228 @@
+"""LiteRT-LM bundles: run in Google's runtime (litert_lm), they give the Keras model's greedy text."""
+
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+from ai_edge_litert.interpreter import Interpreter
+
+from kzoo import data
+from kzoo import export
+from kzoo.export import exporter
+from kzoo.export import litertlm
+from kzoo.export import litertlm_model
+from kzoo.export import verification
+from tests.export.test_serving_examples import REPOSITORY
+from tests.export.tiny_models import build
+
+# The cache is shorter than the position table, so that only the bundle's own guard stops a
+# prefill chunk from running past the cache.
+CACHE_LENGTH = 32
+MAX_LENGTH = 48
+TEXT = "First Citizen:\nBefore we proceed any further, hear me speak."
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("litertlm")
+    build("gpt", vocabulary_size=128, max_sequence_length=MAX_LENGTH).save(folder / "model.keras")
+    data.save_tokenizer(data.character_tokenizer(128), folder)
+    report = export.export(
+        folder / "model.keras", folder / "export", formats=["litertlm"], cache_length=CACHE_LENGTH,
+        num_examples=4, latency_runs=1, generate_tokens=8,
+    )
+    return folder, report
+
+
+@pytest.fixture()
+def runtime(exported):
+    model = litertlm_model.LiteRTLMModel(exported[0] / "export" / "model.litertlm")
+    yield model
+    model.close()
+
+
+def keras_greedy_text(folder, prompt, new_tokens):
+    lm = keras.saving.load_model(folder / "model.keras")
+    tokenizer = data.load_tokenizer(folder)
+    ids = np.asarray(tokenizer(prompt)).tolist()
+    output = lm.generate([ids], max_length=len(ids) + new_tokens, stop_token_ids=[0], jit_compile=False)[0]
+    return tokenizer.detokenize(output[len(ids):])
+
+
+def test_greedy_text_in_the_runtime_equals_keras_generate(exported, runtime):
+    folder, report = exported
+    # 1 and 7 characters, and 20 > 16, the only prefill chunk length: the runtime prefills twice.
+    for length in (1, 7, 20):
+        prompt = TEXT[:length]
+        assert runtime.generate(prompt, 10, top_k=1) == keras_greedy_text(folder, prompt, 10)
+    record = report["artifacts"]["litertlm"]
+    assert record["generation"]["matches_keras"] and record["tokenizer"]["matches_keras"]
+    assert max(case["prompt_tokens"] for case in record["generation"]["cases"]) > record["prefill_lengths"][-1]
+    assert record["max_abs_diff"][str(CACHE_LENGTH)] <= record["tolerance"][str(CACHE_LENGTH)]
+
+
+def test_characters_outside_the_vocabulary_are_the_unknown_id_in_both(exported, runtime):
+    folder, _ = exported
+    prompt = "Hi 😀 ÿ"
+    assert runtime.tokenize(prompt) == [72, 105, 32, 26, 32, 26] == np.asarray(data.load_tokenizer(folder)(prompt)).tolist()
+    assert runtime.generate(prompt, 6, top_k=1) == keras_greedy_text(folder, prompt, 6)
+
+
+def test_the_model_follows_the_runtime_conventions(exported):
+    flatbuffer = litertlm_model.read_tflite_model(exported[0] / "export" / "model.litertlm")
+    interpreter = Interpreter(model_content=flatbuffer)
+    signatures = interpreter.get_signature_list()
+    assert sorted(signatures) == ["decode", "prefill_16"]
+    caches = [f"kv_cache_{kind}_{i}" for i in range(2) for kind in "kv"]
+    for name in signatures:
+        assert set(signatures[name]["inputs"]) == {"tokens", "input_pos", *caches}
+        runner = interpreter.get_signature_runner(name)
+        inputs, outputs = runner.get_input_details(), runner.get_output_details()
+        length = 16 if name == "prefill_16" else 1
+        assert inputs["tokens"]["shape"].tolist() == [1, length] and inputs["tokens"]["dtype"] == np.int32
+        assert inputs["input_pos"]["shape"].tolist() == [length] and inputs["input_pos"]["dtype"] == np.int32
+        for cache in caches:  # (1, heads, cache length, head dim), the same tensor in and out
+            assert inputs[cache]["shape"].tolist() == outputs[cache]["shape"].tolist() == [1, 2, CACHE_LENGTH, 8]
+    assert set(signatures["prefill_16"]["outputs"]) == set(caches)
+    assert interpreter.get_signature_runner("decode").get_output_details()["logits"]["shape"].tolist() == [1, 1, 128]
+
+
+def test_a_prefill_chunk_past_the_cache_fails_instead_of_overwriting_it(exported):
+    flatbuffer = litertlm_model.read_tflite_model(exported[0] / "export" / "model.litertlm")
+    prefill = Interpreter(model_content=flatbuffer).get_signature_runner("prefill_16")
+    inputs = {name: np.zeros(d["shape"], d["dtype"]) for name, d in prefill.get_input_details().items()}
+    prefill(**{**inputs, "input_pos": np.arange(16, 32, dtype=np.int32)})  # the last 16 positions: fine
+    with pytest.raises(Exception, match="SLICE"):
+        prefill(**{**inputs, "input_pos": np.arange(20, 36, dtype=np.int32)})
+
+
+def test_metadata(exported):
+    metadata = litertlm_model.read_metadata(exported[0] / "export" / "model.litertlm")
+    assert metadata.max_num_tokens == CACHE_LENGTH
+    assert [list(token.token_ids.ids) for token in metadata.stop_tokens] == [[0]]
+    assert not metadata.HasField("start_token")
+    sampler = metadata.sampler_params
+    assert (sampler.type, sampler.k, sampler.temperature) == (sampler.TOP_K, 5, 1.0)
+
+
+def test_int8_bundle_is_smaller_and_its_change_is_reported(exported):
+    folder, report = exported
+    fp32, int8 = report["artifacts"]["litertlm"], report["artifacts"]["litertlm_int8"]
+    # The tiny model's file is mostly graph, not weights: the int8 file is merely smaller.
+    assert int8["tflite_bytes"] < fp32["tflite_bytes"] and int8["size_bytes"] < fp32["size_bytes"]
+    assert (folder / "export" / "model_int8.litertlm").stat().st_size == int8["size_bytes"]
+    assert int8["quality"]["cross_entropy_increase"] <= int8["quality"]["bound"] == 0.05
+    assert 0 <= int8["generation"]["token_agreement"] <= 1 and int8["tokenizer"]["matches_keras"]
+    assert sorted(path.name for path in (folder / "export").iterdir()) == [
+        "export_report.json", "model.litertlm", "model_int8.litertlm",
+    ]
+
+
+def test_sampling_options_and_seed(runtime):
+    greedy = runtime.generate("ROMEO:", 12, top_k=1)
+    assert runtime.generate("ROMEO:", 12, top_k=1, temperature=0.5) == greedy
+    sampled = [runtime.generate("ROMEO:", 12, top_k=40, seed=seed) for seed in (3, 3, 4)]
+    assert sampled[0] == sampled[1] != sampled[2]
+    assert "".join(runtime.stream("ROMEO:", 12, top_k=1)) == greedy and len(greedy) == 12
+
+
+def test_bad_requests_get_clear_errors(runtime):
+    with pytest.raises(ValueError, match="non-empty string"):
+        runtime.generate("")
+    with pytest.raises(ValueError, match="The prompt is 32 tokens long; model.litertlm takes at most 32"):
+        runtime.generate("x" * CACHE_LENGTH)
+    with pytest.raises(ValueError, match=r"`max_new_tokens` must be in \[1, 26\].* received 27"):
+        runtime.generate("ROMEO:", 27)
+    assert len(runtime.generate("ROMEO:", 26, top_k=1)) == 26
+
+
+def test_a_truncated_or_foreign_file_is_refused_by_name(exported, tmp_path):
+    bundle = (exported[0] / "export" / "model.litertlm").read_bytes()
+    truncated = tmp_path / "truncated.litertlm"
+    truncated.write_bytes(bundle[: len(bundle) // 2])  # the runtime itself would abort the process
+    with pytest.raises(ValueError, match=f"{truncated} is truncated or corrupt: its .* section ends at byte"):
+        litertlm_model.LiteRTLMModel(truncated)
+    foreign = tmp_path / "model.keras.litertlm"
+    foreign.write_bytes((exported[0] / "model.keras").read_bytes())
+    with pytest.raises(ValueError, match=f"{foreign} is not a LiteRT-LM bundle"):
+        litertlm_model.LiteRTLMModel(foreign)
+    with pytest.raises(FileNotFoundError, match="No LiteRT-LM bundle at"):
+        litertlm_model.LiteRTLMModel(tmp_path / "missing.litertlm")
+
+
+def test_serve_streams_the_greedy_text_without_tensorflow(exported):
+    folder, _ = exported
+    bundle, script = folder / "export" / "model.litertlm", REPOSITORY / "export" / "serve_litertlm.py"
+    result = subprocess.run(
+        [sys.executable, "-c", _RUN_WITHOUT_TENSORFLOW, script, bundle, "--prompt", "ROMEO:", "--max-new-tokens", "12", "--greedy"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout == "ROMEO:" + keras_greedy_text(folder, "ROMEO:", 12) + "\n"
+
+    bad = subprocess.run(
+        [sys.executable, script, bundle, "--prompt", "ROMEO:", "--max-new-tokens", "100"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert bad.returncode == 1 and "serve failed: `max_new_tokens` must be in [1, 26]" in bad.stderr
+
+
+# Runs a script as `python SCRIPT ARGS` would, then checks that it never imported TensorFlow or kzoo.
+_RUN_WITHOUT_TENSORFLOW = """
+import runpy, sys
+sys.argv = sys.argv[1:]
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+except SystemExit as exit:
+    assert not exit.code, exit.code
+assert "tensorflow" not in sys.modules and "kzoo" not in sys.modules, "imported TensorFlow or kzoo"
+"""
+
+
+def test_prefill_lengths():
+    assert litertlm.prefill_lengths(128) == (16, 64)
+    assert litertlm.prefill_lengths(1024) == (16, 64, 256)
+    assert litertlm.prefill_lengths(100) == (50,)
+    assert litertlm.prefill_lengths(100, [10, 25]) == (10, 25)
+    with pytest.raises(ValueError, match="the largest dividing the cache length 100"):
+        litertlm.prefill_lengths(100, [16, 64])
+
+
+def test_litertlm_applies_only_to_causal_lms_with_a_tokenizer(tmp_path):
+    with pytest.raises(export.ExportError, match="litertlm: LiteRT-LM runs decoder-only language models"):
+        export.export(build("bert_classifier"), tmp_path / "bert", formats=["litertlm"])
+    with pytest.raises(export.ExportError, match="litertlm: a LiteRT-LM bundle needs the model's tokenizer"):
+        export.export(build("gpt"), tmp_path / "gpt", formats=["litertlm"])
+    assert "litertlm" in export.DEFAULT_FORMATS
+    assert exporter._check_litertlm(list(export.DEFAULT_FORMATS), "classifier", None, explicit=False) == [
+        "savedmodel", "tflite_fp32", "tflite_fp16", "tflite_int8_dynamic",
+    ]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_bundle_that_does_not_verify_is_not_written(tmp_path, monkeypatch):
+    build("gpt", vocabulary_size=128).save(tmp_path / "model.keras")
+    data.save_tokenizer(data.character_tokenizer(128), tmp_path)
+    real = litertlm_model.LiteRTLMModel.timed_generate
+
+    def off_by_one(self, prompt, max_new_tokens=None, **sampler):  # a runtime that drops the first token
+        text, timing = real(self, prompt, max_new_tokens, **sampler)
+        return text[1:] + "x", timing
+
+    monkeypatch.setattr(litertlm_model.LiteRTLMModel, "timed_generate", off_by_one)
+    with pytest.raises(export.ExportError, match="litertlm: greedy generation differs from Keras"):
+        export.export(tmp_path / "model.keras", tmp_path / "out", formats=["litertlm"], num_examples=2, generate_tokens=4)
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_float32_tolerance_scales_with_the_logits():
+    assert verification.fp32_tolerance(np.array([0.5, -0.2])) == verification.FP32_TOLERANCE
+    assert verification.fp32_tolerance(np.array([3.0, -40.0])) == pytest.approx(40 * verification.FP32_TOLERANCE)
+    # A model with logits near 40 may differ by 1.2e-4 (a seq2seq export with embeddings scaled
+    # 8x failed an absolute 1e-4 at 1.17e-4); one with logits near 1 may not.
+    record = {"quality": {}, "max_abs_diff": {"7": 1.2e-4}}
+    assert exporter._failures("tflite_fp32", {**record, "tolerance": {"7": verification.fp32_tolerance(np.array([40.0]))}}) == []
+    assert exporter._failures("tflite_fp32", {**record, "tolerance": {"7": verification.fp32_tolerance(np.array([1.0]))}})
