@@ -142,9 +142,21 @@ def _prefill(model, length, cache_length, cache_specs):
 
 
 def _decode(model, cache_specs):
+    # Traced for a token count unknown to Keras, the step takes the same path as a prefill
+    # chunk, so the converter derives the same constants from the weights for both and
+    # stores them once (a one-token step otherwise multiplies by the query, key and value
+    # kernels side by side, a second, fused copy of them). The converter's shape inference
+    # then makes every shape static again.
+    step_specs = [tf.TensorSpec([1, None], tf.int32), tf.TensorSpec([], tf.int32), *cache_specs]
+
+    @tf.function(input_signature=step_specs)
+    def step(tokens, index, *cache):
+        logits, _, cache = model.call_with_cache(tokens, _pair_up(cache), index)
+        return logits, _flatten(cache)
+
     def decode(tokens, input_pos, *cache):
-        logits, _, cache = model.call_with_cache(tokens, _pair_up(cache), input_pos[0])
-        return {"logits": logits, **_flatten(cache)}  # logits (1, 1, V)
+        logits, cache = step(tokens, input_pos[0], *cache)
+        return {"logits": tf.ensure_shape(logits, [1, 1, logits.shape[-1]]), **cache}  # (1, 1, V)
 
     specs = [tf.TensorSpec([1, 1], tf.int32, name="tokens"), tf.TensorSpec([1], tf.int32, name="input_pos")]
     return tf.function(decode, input_signature=[*specs, *cache_specs])
