@@ -74,9 +74,14 @@ def add_arguments(parser):
     parser.add_argument("--sample-length", type=int, help="characters to generate after the prompt")
 
 
-def main(argv=None):
+def parse_args(argv=None):
+    """The flags; `--short` puts `SHORT` in place of the defaults, flags given still win."""
     short = "--short" in (sys.argv[1:] if argv is None else argv)
-    args = _common.parse_args(argv, __file__, __doc__, {**DEFAULTS, **SHORT} if short else DEFAULTS, QUICK, add_arguments)
+    return _common.parse_args(argv, __file__, __doc__, {**DEFAULTS, **SHORT} if short else DEFAULTS, QUICK, add_arguments)
+
+
+def main(argv=None):
+    args = parse_args(argv)
     run = _common.start(args)
     with run.scope():
         lm = language_model(args)

@@ -35,6 +35,14 @@ def test_main_job_runs_as_a_script_and_its_files_are_all_generate_needs(tmp_path
     assert tokenizer.detokenize(token_ids[0]).startswith("ROMEO:")
 
 
+def test_short_is_the_main_job_setting_and_flags_still_win():
+    assert (gpt_lm.parse_args([]).steps, gpt_lm.parse_args([]).epochs) == (1500, 10)
+    short = gpt_lm.parse_args(["--short"])
+    assert (short.steps, short.epochs, short.batch_size, short.sequence_length) == (1000, 2, 32, 128)
+    assert gpt_lm.parse_args(["--short", "--steps", "7"]).steps == 7
+    assert gpt_lm.parse_args(["--short", "--quick"]).steps == gpt_lm.QUICK["steps"]
+
+
 @pytest.mark.parametrize(
     "flags, message",
     [
@@ -50,3 +58,25 @@ def test_bad_input_exits_with_a_clear_message(flags, message, run_recipe, capsys
         run_recipe(gpt_lm, *flags)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_readme_main_job_chain_ends_streaming_from_the_litertlm_bundle(tmp_path, tfds_dir):
+    """The README's main job with --quick for --short: train, export (default formats), serve in LiteRT-LM."""
+    repository, run = RECIPES.parent, tmp_path / "run"
+    steps = [
+        [str(RECIPES / "gpt_lm.py"), "--quick", "--output-dir", str(run), "--tfds-dir", str(tfds_dir)],
+        [str(repository / "export" / "export.py"), str(run / "model.keras"), "--out", str(run / "export"), "--overwrite"],
+        [str(repository / "export" / "serve_litertlm.py"), str(run / "export" / "model.litertlm"), "--prompt", "ROMEO:",
+         "--max-new-tokens", "20", "--greedy"],
+    ]
+    for command in steps:
+        result = subprocess.run([sys.executable, *command], capture_output=True, text=True, timeout=900, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((run / "export" / "export_report.json").read_text())
+    assert {"savedmodel", "tflite_fp32", "litertlm", "litertlm_int8"} <= set(report["artifacts"])
+    lm = keras.saving.load_model(run / "model.keras", compile=False)
+    tokenizer = kzoo.data.load_tokenizer(run)
+    ids = np.asarray(tokenizer("ROMEO:")).tolist()
+    expected = tokenizer.detokenize(lm.generate([ids], max_length=len(ids) + 20, stop_token_ids=[0], jit_compile=False)[0])
+    assert result.stdout == expected + "\n"
