@@ -16,6 +16,11 @@ is moved into place only when every check passed:
 `ServingSignatures` traces the signatures; `LiteRTModel` runs the TFLite files (it needs only
 NumPy and `ai_edge_litert`); `python export/export.py MODEL.keras --out DIR` is the command line.
 
+For a causal LM with its tokenizer, also `model.litertlm` and `model_int8.litertlm`: bundles
+for Google's LiteRT-LM runtime (`kzoo.export.litertlm`, signatures `RuntimeSignatures`),
+checked in that runtime; `LiteRTLMModel` runs them (it needs only `litert-lm-api` and
+`litert-lm-builder`).
+
 Example:
 >>> report = kzoo.export.export("runs/gpt/model.keras", "runs/gpt/export")
 >>> lm = kzoo.export.LiteRTModel("runs/gpt/export/model_fp32.tflite")
@@ -29,6 +34,8 @@ from kzoo.export.exporter import ExportError
 from kzoo.export.exporter import export
 from kzoo.export.exporter import tflite_file_name
 from kzoo.export.litert_model import LiteRTModel
+from kzoo.export.litertlm import RuntimeSignatures
+from kzoo.export.litertlm_model import LiteRTLMModel
 from kzoo.export.serving_signatures import ServingSignatures
 from kzoo.export.tflite_conversion import TFLITE_FORMATS
 from kzoo.export.verification import FP32_TOLERANCE

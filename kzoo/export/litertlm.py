@@ -47,8 +47,6 @@ BUNDLES = {
 }
 # Prefill chunk lengths, of which those that divide the cache length are used.
 DEFAULT_PREFILL_LENGTHS = (16, 64, 256)
-# Near-greedy: as `recipes/gpt_lm.py` samples.
-DEFAULT_SAMPLER = {"type": "TOP_K", "k": 5, "p": 1.0, "temperature": 1.0, "seed": 0}
 
 
 def prefill_lengths(cache_length, lengths=None):
@@ -165,13 +163,14 @@ def _decode(model, cache_specs):
 @dataclasses.dataclass
 class Sampler:
     """A bundle's default sampler (LiteRT-LM's `SamplerParameters`): `type` "GREEDY",
-    "TOP_K" or "TOP_P", with `k`, `p`, `temperature` and `seed`."""
+    "TOP_K" or "TOP_P", with `k`, `p`, `temperature` and `seed`. The default, top-k with
+    k = 5, is near-greedy, as `recipes/gpt_lm.py` samples."""
 
-    type: str = DEFAULT_SAMPLER["type"]
-    k: int = DEFAULT_SAMPLER["k"]
-    p: float = DEFAULT_SAMPLER["p"]
-    temperature: float = DEFAULT_SAMPLER["temperature"]
-    seed: int = DEFAULT_SAMPLER["seed"]
+    type: str = "TOP_K"
+    k: int = 5
+    p: float = 1.0
+    temperature: float = 1.0
+    seed: int = 0
 
 
 def llm_metadata(max_num_tokens, stop_token_ids, start_token_id=None, sampler=None):
