@@ -259,6 +259,10 @@ def export_bundles(model, tokenizer, folder, reference, *, cache_length, lengths
     signatures = RuntimeSignatures(model, cache_length, lengths)
     metadata = llm_metadata(cache_length, exported.stop_token_ids, exported.start_token_id)
     cases = _generation_cases(model, tokenizer, reference, signatures, exported, generate_tokens)
+    positions = min(cache_length, reference.token_ids.shape[1])
+    keras_logits, targets = reference.logits[:, :positions], reference.targets[:, :positions]
+    weights = None if reference.sample_weight is None else reference.sample_weight[:, :positions]
+    keras_cross_entropy = verification.quality(keras_logits, targets, weights)["cross_entropy"]
     records = {}
     for name, (file_name, tflite_format) in BUNDLES.items():
         start = time.perf_counter()
@@ -266,12 +270,15 @@ def export_bundles(model, tokenizer, folder, reference, *, cache_length, lengths
         path = Path(folder) / file_name
         write_bundle(path, flatbuffer, exported.tokenizer.to_str(), metadata)
         seconds = time.perf_counter() - start
-        rows, positions = reference.token_ids.shape[0], min(cache_length, reference.token_ids.shape[1])
         logits = np.stack([
             litertlm_model.teacher_forced_logits(flatbuffer, row[:positions], num_threads)
             for row in reference.token_ids
         ])
-        keras_logits = reference.logits[:, :positions]
+        quality = verification.quality(logits, targets, weights, keras_logits)
+        quality["keras_cross_entropy"] = keras_cross_entropy
+        quality["cross_entropy_increase"] = quality["cross_entropy"] - keras_cross_entropy
+        if tflite_format != "tflite_fp32":
+            quality["bound"] = quality_bound
         record = {
             "path": file_name,
             "size_bytes": path.stat().st_size,
@@ -283,16 +290,9 @@ def export_bundles(model, tokenizer, folder, reference, *, cache_length, lengths
             "ops": op_census(flatbuffer),
             "max_abs_diff": {str(positions): verification.max_abs_diff(logits, keras_logits)},
             "tolerance": {str(positions): verification.fp32_tolerance(keras_logits)},
-            "quality": verification.quality(
-                logits, reference.targets[:, :positions], _crop(reference.sample_weight, positions), keras_logits
-            ),
-            "checked_rows": rows,
+            "quality": quality,
+            "checked_rows": len(reference.token_ids),
         }
-        keras_quality = verification.quality(keras_logits, reference.targets[:, :positions], _crop(reference.sample_weight, positions))
-        record["quality"]["keras_cross_entropy"] = keras_quality["cross_entropy"]
-        record["quality"]["cross_entropy_increase"] = record["quality"]["cross_entropy"] - keras_quality["cross_entropy"]
-        if tflite_format != "tflite_fp32":
-            record["quality"]["bound"] = quality_bound
         runtime = litertlm_model.LiteRTLMModel(path, num_threads)
         try:
             record.update(_run_cases(runtime, cases))
@@ -300,10 +300,6 @@ def export_bundles(model, tokenizer, folder, reference, *, cache_length, lengths
             runtime.close()
         records[name] = record
     return records
-
-
-def _crop(sample_weight, positions):
-    return None if sample_weight is None else sample_weight[:, :positions]
 
 
 @dataclasses.dataclass
