@@ -37,3 +37,19 @@ def test_batch_multiplier_scales_tokens_and_flops_together(case):
     assert tokens_x2 == 2 * tokens and flops_x2(model) == 2 * flops(model)
     x = next(iter(data))[0]
     assert len(next(iter(x.values()))) == 2 * {training.gpt_case: 16, training.bert_case: 32}.get(case, 64)
+
+
+@pytest.mark.slow
+def test_litertlm_benchmark_measures_every_row():
+    """The GPT-2-small LiteRT-LM benchmark, at gpt_tiny size: every figure measured, the bundle verified."""
+    import argparse
+
+    from benchmarks import litertlm
+
+    results = litertlm.scale(argparse.Namespace(preset="gpt_tiny", cache_length=64, prompt=8, new_tokens=8, repeats=1))
+    assert results["fp32"]["verified"]["generation"]["matches_keras"]
+    assert results["export"]["seconds"] > 0 and results["export"]["peak_resident_bytes"] > 0
+    for precision in ("fp32", "int8"):
+        assert results[precision]["decode_ms_per_token"] > 0 and results[precision]["end_to_end_new_tokens_per_second"] > 0
+    assert results["keras_generate_batch1"]["new_tokens_per_second"] > 0
+    assert set(results["targets"]) == {"fp32_step_over_weight_floor", "int8_end_to_end_over_keras", "fp32_file_over_weights"}
