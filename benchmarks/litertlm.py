@@ -171,7 +171,8 @@ def agreement(args):
         cases = []
         for start in rng.integers(0, len(text) - args.prompt_length, args.prompts):
             prompt = text[start : start + args.prompt_length]
-            outputs = {name: model.tokenize(model.generate(prompt, new_tokens, top_k=1)) for name, model in models.items()}
+            texts = {name: model.generate(prompt, new_tokens, top_k=1) for name, model in models.items()}
+            outputs = {name: models[name].tokenize(text) for name, text in texts.items()}
             a, b = outputs["fp32"], outputs["int8"]
             equal += sum(x == y for x, y in zip(a, b))
             total += max(len(a), len(b))

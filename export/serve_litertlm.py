@@ -48,7 +48,8 @@ def main(argv=None):
         parser.error("--greedy is --top-k 1; leave out --top-k.")
 
     runner = load_runner()
-    sampler = {"top_k": 1 if args.greedy else args.top_k, "top_p": args.top_p, "temperature": args.temperature, "seed": args.seed}
+    top_k = 1 if args.greedy else args.top_k
+    sampler = {"top_k": top_k, "top_p": args.top_p, "temperature": args.temperature, "seed": args.seed}
     try:
         model = runner.LiteRTLMModel(args.bundle, num_threads=args.num_threads)
         model.check_request(args.prompt, args.max_new_tokens)

@@ -9,10 +9,14 @@ its text; `kzoo.export` checks both in the runtime before it writes a bundle.
 
 Kinds so far:
 
-| keras-hub class | `tokenizer.json` | start / stop |
-|---|---|---|
-| `kzoo.data.CharacterTokenizer` | `WordLevel` over the characters `chr(0) .. chr(V - 1)`, each character a word, unknown = its `unknown_id` (26) | none / 0 (NUL) |
-| `UnicodeCodepointTokenizer` (kzoo's earlier character tokenizer) | the same, unknown = `V - 1`: keras-hub clamps code points to the last id | none / 0 |
+- `kzoo.data.CharacterTokenizer`: `WordLevel` over the characters `chr(0) .. chr(V - 1)`, each
+  character a word, characters outside the vocabulary its `unknown_id` (26); no start token,
+  stop token 0 (NUL, never in text).
+- keras-hub's `UnicodeCodepointTokenizer` (kzoo's character tokenizer before): the same, with
+  unknown = `V - 1`, as keras-hub clamps code points to the last id.
+
+WordPiece and GPT-2 byte-level BPE writers join `WRITERS` as task models carry those
+tokenizers.
 
 Example:
 >>> exported = hugging_face_tokenizer(kzoo.data.character_tokenizer(128))

@@ -210,7 +210,10 @@ def export(
                 "targets": "labels" if data.targets is not None else "the Keras model's argmax (synthetic data)",
             },
             "checked_lengths": checks.lengths,
-            "tolerances": {"fp32_max_abs_diff_per_unit_logit": verification.FP32_TOLERANCE, "quality_bounds_nats": bounds},
+            "tolerances": {
+                "fp32_max_abs_diff_per_unit_logit": verification.FP32_TOLERANCE,
+                "quality_bounds_nats": bounds,
+            },
             "keras": {"quality": checks.quality},
             "artifacts": artifacts,
             "environment": _environment(),
@@ -256,7 +259,10 @@ def _check_litertlm(formats, task, tokenizer, explicit):
     if task != "causal_lm":
         reason = f"LiteRT-LM runs decoder-only language models (GPTCausalLM); this is a {task} model"
     elif tokenizer is None:
-        reason = "a LiteRT-LM bundle needs the model's tokenizer: save it beside the model (kzoo.data.save_tokenizer) or pass tokenizer_dir"
+        reason = (
+            "a LiteRT-LM bundle needs the model's tokenizer: save it beside the model "
+            "(kzoo.data.save_tokenizer) or pass tokenizer_dir"
+        )
     else:
         from kzoo.data.tokenizer_json import hugging_face_tokenizer
 

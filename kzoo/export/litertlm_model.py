@@ -2,8 +2,8 @@
 
 Serving needs only `litert_lm` (the `litert-lm-api` package) and `litert_lm_builder` (to read
 a bundle's header); `teacher_forced_logits` also NumPy and `ai_edge_litert`. This module never
-imports TensorFlow or the rest of kzoo, so that `export/serve_litertlm.py` can load it by its path. kzoo's exporter verifies its bundles
-through it too, so what is checked is what is served.
+imports TensorFlow or the rest of kzoo, so that `export/serve_litertlm.py` can load it by its
+path. kzoo's exporter verifies its bundles through it too, so what is checked is what is served.
 
 A bundle (`kzoo.export.litertlm` writes them) holds the TFLite model, a Hugging Face
 `tokenizer.json` and an `LlmMetadata` proto (start and stop tokens, the maximum number of
@@ -100,7 +100,8 @@ class LiteRTLMModel:
         """`(text, timing)`: `generate` and the runtime's own timing of it:
         `{"prefill_tokens", "prefill_tokens_per_second", "decode_tokens",
         "decode_tokens_per_second", "seconds"}` (wall time from prefill to the last token)."""
-        session = self._session(prompt, max_new_tokens, *(sampler.get(k) for k in ("top_k", "top_p", "temperature", "seed")))
+        options = (sampler.get(name) for name in ("top_k", "top_p", "temperature", "seed"))
+        session = self._session(prompt, max_new_tokens, *options)
         try:
             start = time.perf_counter()
             session.run_prefill([prompt])
