@@ -157,7 +157,7 @@ def load(args, name, split, **kwargs):
     """`kzoo.data.load` with the run's `--data-dir` and `--tfds-dir`; bad names or files exit with a clear message."""
     try:
         if name in kzoo.data.BUILDERS:
-            # A prepared dataset is not read again from its files: check the folder first.
+            # A missing folder gets the flag's name in the message.
             kzoo.data.corpus_dir(args.data_dir)
             kwargs["source_dir"] = args.data_dir
         return kzoo.data.load(name, split, data_dir=args.tfds_dir, **kwargs)
