@@ -48,6 +48,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import matplotlib  # noqa: E402
 import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
 import tensorflow_datasets as tfds  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
@@ -338,6 +339,49 @@ def check_unfinished_run(args, output_dir):
     path.write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
 
 
+# Starts the message of a token id outside the model's vocabulary in a recipe's data.
+_BAD_TOKEN_IDS = "The data holds token ids outside the vocabulary of the model"
+
+
+def checked_token_ids(dataset, model):
+    """`dataset` with its token ids (the `*token_ids` features of `(x, ...)` elements) checked
+    against the model's vocabulary, in the input pipeline: a bad id stops training with an
+    error, where the compiled step (XLA) would train on NaN. A model without a vocabulary
+    (not from kzoo) gets the dataset unchanged."""
+    vocabulary_size = getattr(getattr(model, "backbone", None), "vocabulary_size", None)
+    vocabulary_size = vocabulary_size or getattr(model, "vocabulary_size", None)
+    if not vocabulary_size:
+        return dataset
+
+    def check(x, *rest):
+        features = x if isinstance(x, dict) else {"token_ids": x}
+        checks = [
+            tf.debugging.Assert(
+                tf.reduce_all((value >= 0) & (value < vocabulary_size)),
+                [f"{_BAD_TOKEN_IDS}, [0, {vocabulary_size}), in `{name}`: ids from", tf.reduce_min(value), "to", tf.reduce_max(value)],
+            )
+            for name, value in features.items()
+            if name.endswith("token_ids")
+        ]
+        with tf.control_dependencies(checks):
+            return (tf.nest.map_structure(tf.identity, x), *rest)
+
+    return dataset.map(check)
+
+
+@contextlib.contextmanager
+def stop_on_bad_token_ids(args):
+    """Turns the error of `checked_token_ids` into an exit with its message."""
+    try:
+        yield
+    except tf.errors.InvalidArgumentError as error:
+        if _BAD_TOKEN_IDS not in error.message:
+            raise
+        # "[message: ids from] [-3] [to] [300]" -> "message: ids from -3 to 300"
+        message = error.message[error.message.index(_BAD_TOKEN_IDS) :].splitlines()[0].replace("] [", " ").rstrip("]")
+        raise SystemExit(f"{args.recipe}: {message} (check the tokenizer and --preset against the data).") from None
+
+
 @contextlib.contextmanager
 def stop_on_divergence(args, output_dir):
     """Turns a run stopped on a NaN or Inf loss (`keras.callbacks.TerminateOnNaN(raise_error=True)`,
@@ -412,9 +456,11 @@ class Run:
         run_callbacks = kzoo.training.callbacks(
             str(folder), self.config.strategy, backup_freq=_BACKUP_FREQ, keep_backup=True
         )
-        with stop_on_divergence(self.args, folder):
+        if validation_data is not None:
+            validation_data = checked_token_ids(validation_data, model)
+        with stop_on_divergence(self.args, folder), stop_on_bad_token_ids(self.args):
             history = model.fit(
-                kzoo.training.shard_by_data(stream),
+                kzoo.training.shard_by_data(checked_token_ids(stream, model)),
                 epochs=self.args.epochs,
                 steps_per_epoch=steps_per_epoch,
                 validation_data=validation_data,
