@@ -291,7 +291,7 @@ def lock_output_dir(args, output_dir):
     Returns:
         The open lock file: the lock lasts while it is open.
     """
-    file = open(output_dir / LOCK_FILE, "a+")
+    file = open(output_dir / LOCK_FILE, "a+")  # noqa: SIM115 (the lock lasts while the file is open)
     try:
         fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -138,8 +138,8 @@ def locked_output_dir(tmp_path, tfds_dir):
         lock.write("pid 4242 on otherhost, running gpt_lm.py\n")
         lock.flush()
         holder = subprocess.Popen(
-            [sys.executable, "-c", f"import fcntl, time; f = open({str(output_dir / '.lock')!r}); "
-             "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)"],
+            [sys.executable, "-c", (f"import fcntl, time; f = open({str(output_dir / '.lock')!r}); "
+             "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)")],
             stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         try:
@@ -292,8 +292,8 @@ CASES = [
     ("recipe_output_dir_in_use", lambda f, t, d: locked_output_dir(t, d), SystemExit, 2,
      "is in use by another run: pid 4242 on otherhost, running gpt_lm.py. Wait for it to end, or pass another --output-dir."),
     ("recipe_rerun_with_another_preset", lambda f, t, d: rerun_with_another_preset(t, d), SystemExit, 2,
-     "holds the backup of an unfinished run of other settings, so it belongs to another model or training: "
-     "--preset gpt_small (now gpt_tiny). Rerun that run's command to resume it, or delete"),
+     ("holds the backup of an unfinished run of other settings, so it belongs to another model or training: "
+      "--preset gpt_small (now gpt_tiny). Rerun that run's command to resume it, or delete")),
     ("training_restores_the_backup_of_another_model", lambda f, t, d: backup_of_another_model(t), ValueError, None,
      "was written by another model or optimizer, and does not load into this one"),
 ]  # fmt: skip
@@ -336,7 +336,8 @@ def test_a_killed_export_leaves_no_hidden_folder_once_the_next_one_ran(files, tm
         time.sleep(0.05)
     process.send_signal(signal.SIGKILL)
     process.wait()
-    assert [path.name for path in tmp_path.glob(".out.*.partial")][0].split(".")[2].endswith(f"-{process.pid}")
+    (partial,) = tmp_path.glob(".out.*.partial")
+    assert f"-{process.pid}." in partial.name  # .out.<host>-<pid>.<random>.partial
     assert not out.exists()
 
     export.export(files.keras_file, out, formats=["tflite_fp32"], num_examples=2, latency_runs=1, generate_tokens=2)

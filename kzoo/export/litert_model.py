@@ -97,9 +97,8 @@ class LiteRTModel:
     def _checked(self, name, value, dtype):
         """`value` as a `dtype` array, after the checks the compiled file cannot make."""
         array = np.asarray(value)
-        if np.issubdtype(dtype, np.integer):
-            if array.size and not np.issubdtype(array.dtype, np.integer):
-                raise ValueError(f"`{name}` must hold integers; received {array.dtype.name} values.")
+        if np.issubdtype(dtype, np.integer) and array.size and not np.issubdtype(array.dtype, np.integer):
+            raise ValueError(f"`{name}` must hold integers; received {array.dtype.name} values.")
         if array.ndim and 0 in array.shape:
             raise ValueError(f"`{name}` is empty (shape {array.shape}): pass at least one token.")
         if name.endswith("token_ids"):

@@ -1,10 +1,12 @@
 import csv
 import importlib.util
+import math
 import os
 import shutil
 import tempfile
 
 import keras
+import tensorflow as tf
 
 from kzoo.training.backup_and_restore import BackupAndRestore
 from kzoo.training.backup_and_restore import is_chief
@@ -83,7 +85,7 @@ class ResumedCSVLogger(keras.callbacks.CSVLogger):
     an epoch twice, and a fresh run starts a fresh file.
 
     Args:
-        filename: a local path.
+        filename: a path (local, or anything `tf.io.gfile` writes).
     """
 
     def __init__(self, filename):
@@ -97,18 +99,21 @@ class ResumedCSVLogger(keras.callbacks.CSVLogger):
         super().on_epoch_begin(epoch, logs)
 
     def _drop_rows_from(self, epoch):
-        self.csv_file.flush()
-        with open(self.filename, "rb+") as file:
-            keep = 0
-            if epoch > 0:
-                keep = len(file.readline())  # The header.
-                for line in iter(file.readline, b""):
-                    row = next(csv.reader([line.decode("utf-8")]), None)
-                    if not row or not row[0].isdigit() or int(row[0]) >= epoch:
-                        break
-                    keep += len(line)
-            file.truncate(keep)
-        self.append_header = keep == 0
+        # The writer comes at the first epoch's end: the file can still be replaced here.
+        self.csv_file.close()
+        with tf.io.gfile.GFile(self.filename, "r") as file:
+            lines = file.read().splitlines(keepends=True)
+        kept = lines[:1] + [line for line in lines[1:] if _epoch_of(line) < epoch] if epoch > 0 else []
+        with tf.io.gfile.GFile(self.filename, "w") as file:
+            file.write("".join(kept))
+        self.csv_file = tf.io.gfile.GFile(self.filename, "a")
+        self.append_header = not kept
+
+
+def _epoch_of(line):
+    """The epoch of a row of a Keras CSV log (its first column), or infinity for a torn row."""
+    row = next(csv.reader([line]), None)
+    return int(row[0]) if row and row[0].isdigit() else math.inf
 
 
 class _RemoveDirectoryOnTrainEnd(keras.callbacks.Callback):
