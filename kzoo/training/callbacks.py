@@ -106,8 +106,7 @@ class ResumedCSVLogger(keras.callbacks.CSVLogger):
         kept = lines[:1] + [line for line in lines[1:] if _epoch_of(line) < epoch] if epoch > 0 else []
         with tf.io.gfile.GFile(self.filename, "w") as file:
             file.write("".join(kept))
-        self.csv_file = tf.io.gfile.GFile(self.filename, "a")
-        self.append_header = not kept
+        super().on_train_begin()  # Opens the file again to append, with a header if it kept none.
 
 
 def _epoch_of(line):
