@@ -26,6 +26,17 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
+def count(text):
+    """An int >= 1 (argparse type)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1; received {text!r}")
+    return value
+
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", help="the .keras file of a kzoo model")
@@ -43,15 +54,15 @@ def parse_args(argv):
     )
     parser.add_argument("--tokenizer-dir", help="where the model's tokenizer.json is (default: the model's folder)")
     parser.add_argument("--data-dir", help="the tensorflow-datasets folder (default: tfds' own)")
-    parser.add_argument("--max-length", type=int, help="the full sequence length checked (default: the model's)")
-    parser.add_argument("--cache-length", type=int, help="positions of the TFLite KV cache (default: the model's maximum)")
+    parser.add_argument("--max-length", type=count, help="the full sequence length checked (default: the model's)")
+    parser.add_argument("--cache-length", type=count, help="positions of the TFLite KV cache (default: the model's maximum)")
     parser.add_argument(
         "--prefill-lengths", type=lengths, help="LiteRT-LM prefill chunk lengths, e.g. 16,64 (default: 16, 64, 256 where they divide the cache)"
     )
-    parser.add_argument("--num-examples", type=int, default=32, help="held-out rows (default: 32)")
-    parser.add_argument("--num-representative", type=int, default=32, help="calibration rows for tflite_int8 (default: 32)")
-    parser.add_argument("--generate-tokens", type=int, default=32, help="new tokens per generation check (default: 32)")
-    parser.add_argument("--latency-runs", type=int, default=20, help="timed calls per latency median (default: 20)")
+    parser.add_argument("--num-examples", type=count, default=32, help="held-out rows (default: 32)")
+    parser.add_argument("--num-representative", type=count, default=32, help="calibration rows for tflite_int8 (default: 32)")
+    parser.add_argument("--generate-tokens", type=count, default=32, help="new tokens per generation check (default: 32)")
+    parser.add_argument("--latency-runs", type=count, default=20, help="timed calls per latency median (default: 20)")
     parser.add_argument(
         "--quality-bound",
         action="append",
@@ -68,9 +79,12 @@ def parse_args(argv):
 def lengths(text):
     """"16,64" -> [16, 64] (argparse type)."""
     try:
-        return [int(n) for n in text.split(",")]
+        values = [int(n) for n in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"takes comma-separated integers, e.g. 16,64; received {text!r}")
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"takes comma-separated integers >= 1, e.g. 16,64; received {text!r}")
+    return values
 
 
 def quality_bounds(pairs):

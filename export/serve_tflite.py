@@ -20,8 +20,12 @@ import sys
 from pathlib import Path
 
 from serving_example import describe
+from serving_example import id_arguments
 from serving_example import ids
+from serving_example import naming_flags
 from serving_example import serving_inputs
+
+DEFAULT_MAX_LENGTH = 32
 
 
 def load_runner():
@@ -42,21 +46,29 @@ def main(argv=None):
     parser.add_argument("--token-ids", type=ids, required=True, help="comma-separated ids (seq2seq: the decoder prompt)")
     parser.add_argument("--segment-ids", type=ids, help="BERT segment ids (default: all 0)")
     parser.add_argument("--encoder-token-ids", type=ids, help="seq2seq: the source ids")
-    parser.add_argument("--max-length", type=int, default=32, help="generation: total length (default: 32)")
+    parser.add_argument(
+        "--max-length", type=int, help=f"generation: total length (default: {DEFAULT_MAX_LENGTH}, or the cache length if shorter)"
+    )
     parser.add_argument("--stop-token-ids", type=ids, default=[], help="generation: ids that end it")
     parser.add_argument("--num-threads", type=int, default=2, help="LiteRT CPU threads (default: 2)")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(id_arguments(sys.argv[1:] if argv is None else argv))
+    if args.num_threads < 1:
+        parser.error(f"--num-threads must be >= 1; received {args.num_threads}.")
 
-    model = load_runner().LiteRTModel(args.model, num_threads=args.num_threads)
-    print("signatures:", sorted(model.signatures))
-    names = model.input_details("serving_default")
-    outputs = model.run("serving_default", **serving_inputs(names, args.token_ids, args.segment_ids, args.encoder_token_ids))
-    print(describe(outputs))
-    if "decode" in model.signatures:
-        tokens = model.generate(
-            args.token_ids, min(args.max_length, model.cache_length), args.stop_token_ids, args.encoder_token_ids
-        )
-        print("generated:", tokens)
+    # The runner checks every input (ids, lengths) before running: its errors name them.
+    try:
+        model = load_runner().LiteRTModel(args.model, num_threads=args.num_threads)
+        print("signatures:", sorted(model.signatures))
+        names = model.input_details("serving_default")
+        inputs = serving_inputs(names, args.token_ids, args.segment_ids, args.encoder_token_ids)
+        outputs = model.run("serving_default", **inputs)
+        print(describe(outputs))
+        if "decode" in model.signatures:
+            max_length = min(DEFAULT_MAX_LENGTH, model.cache_length) if args.max_length is None else args.max_length
+            tokens = model.generate(args.token_ids, max_length, args.stop_token_ids, args.encoder_token_ids)
+            print("generated:", tokens)
+    except (ValueError, FileNotFoundError) as error:
+        parser.error(naming_flags(str(error)))
     return 0
 
 

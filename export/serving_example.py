@@ -3,12 +3,51 @@
 NumPy only, so that the TFLite example stays free of TensorFlow.
 """
 
+import argparse
+import re
+
 import numpy as np
+
+# Flags that take comma-separated ids, which may start with a minus sign.
+ID_FLAGS = ("--token-ids", "--segment-ids", "--encoder-token-ids", "--stop-token-ids")
 
 
 def ids(text):
-    """"72,105,33" -> [72, 105, 33] (argparse type)."""
-    return [int(token) for token in text.split(",") if token.strip()]
+    """"72,105,33" -> [72, 105, 33] (argparse type); anything but integers is refused."""
+    tokens = [token.strip() for token in text.split(",") if token.strip()]
+    if not tokens or not all(re.fullmatch(r"[+-]?\d+", token) for token in tokens):
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 72,105,33; received {text!r}")
+    return [int(token) for token in tokens]
+
+
+# The flag that gives each input the servers check, for their messages.
+FLAGS = {
+    "token_ids": "--token-ids",
+    "prompt_ids": "--token-ids",
+    "decoder_token_ids": "--token-ids",
+    "encoder_token_ids": "--encoder-token-ids",
+    "segment_ids": "--segment-ids",
+    "stop_token_ids": "--stop-token-ids",
+    "max_length": "--max-length",
+}
+
+
+def naming_flags(message):
+    """`message` with each input named as "`token_ids` (--token-ids)"."""
+    return re.sub(r"`(\w+)`", lambda match: f"{match[0]} ({FLAGS[match[1]]})" if match[1] in FLAGS else match[0], message)
+
+
+def id_arguments(argv):
+    """`argv` with `--token-ids -5,2` joined as `--token-ids=-5,2`, which argparse would
+    otherwise take for an unknown flag (the server then refuses -5 as an id, by name)."""
+    argv = list(argv)
+    joined = []
+    while argv:
+        argument = argv.pop(0)
+        if argument in ID_FLAGS and argv and re.fullmatch(r"-\d[\d,\s+-]*", argv[0]):
+            argument = f"{argument}={argv.pop(0)}"
+        joined.append(argument)
+    return joined
 
 
 def serving_inputs(names, token_ids, segment_ids=None, encoder_token_ids=None):

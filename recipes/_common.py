@@ -3,7 +3,7 @@
 A recipe reads like this (see `gpt_lm.py`):
 
     args = _common.parse_args(argv, __file__, __doc__, DEFAULTS, QUICK, add_arguments)
-    run = _common.start(args)                      # strategy, dtype policy, seed
+    run = _common.start(args)                      # strategy, dtype policy, seed, the folder's lock
     train = _common.load(args, "kzoo_tiny_shakespeare", "train")
     with run.scope():
         model = ...
@@ -14,21 +14,30 @@ A recipe reads like this (see `gpt_lm.py`):
 and leaves in `--output-dir` (default `runs/<recipe>`):
 
 - `checkpoints/epoch_NNN.keras`, `logs/` (TensorBoard) and, while a run is unfinished,
-  `backup/`: run the same command again to resume it where it stopped (see
-  `kzoo.training.callbacks`).
+  `backup/` and `unfinished_run.json` (its settings): run the same command again to resume
+  it where it stopped, also when it was killed after training, while writing its files (see
+  `kzoo.training.BackupAndRestore`). A rerun with other settings is refused.
 - `history.csv` (one row per epoch, kept across resumes) and `training_curves.png`.
-- `metrics.json`: the final metrics, the settings and the wall time.
+- `metrics.json`: the final metrics, the settings, the steps trained and the wall time.
+- `.lock`: one run at a time writes into the folder; a second one exits naming the first.
+
+A NaN or Inf loss stops the run with a message (exit status 1) before anything is saved from it.
 
 Every recipe trains on one repeated, seeded stream with `steps_per_epoch`, which is what
 `kzoo.training.BackupAndRestore` needs to resume mid-epoch exactly.
 """
 
 import argparse
+import contextlib
 import csv
+import fcntl
 import functools
 import json
 import math
 import os
+import shutil
+import socket
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -39,6 +48,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import matplotlib  # noqa: E402
 import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
 import tensorflow_datasets as tfds  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
@@ -47,9 +57,15 @@ import kzoo.data  # noqa: E402
 import kzoo.training  # noqa: E402
 
 METRICS_FILE = "metrics.json"
-HISTORY_FILE = "history.csv"
+HISTORY_FILE = kzoo.training.HISTORY_FILE
 CURVES_FILE = "training_curves.png"
 MODEL_FILE = "model.keras"
+# The settings of the run whose backups the output folder holds, while it is unfinished.
+UNFINISHED_RUN_FILE = "unfinished_run.json"
+# Held (flock) by the run writing into the output folder; names it.
+LOCK_FILE = ".lock"
+# Flags a resumed run may change: where things are, and how the same computation runs.
+RESUMABLE_FLAGS = ("output_dir", "data_dir", "tfds_dir", "strategy", "jit_compile")
 
 # The share of the training steps spent warming the learning rate up.
 WARMUP_FRACTION = 0.05
@@ -125,6 +141,14 @@ def parse_args(argv, recipe_file, description, defaults, quick, add_arguments=No
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1; received {value}.")
+    if args.steps is not None and args.steps < args.epochs:
+        parser.error(
+            f"--steps ({args.steps}) must be >= --epochs ({args.epochs}): every epoch trains at least one step."
+        )
+    if args.learning_rate is not None and not 0 < args.learning_rate < math.inf:
+        parser.error(f"--learning-rate must be a positive finite number; received {args.learning_rate}.")
+    if Path(args.output_dir).exists() and not Path(args.output_dir).is_dir():
+        parser.error(f"--output-dir {args.output_dir} is a file; pass a folder (it is created if missing).")
     args.recipe = recipe
     args.parser = parser
     return args
@@ -134,7 +158,7 @@ def load(args, name, split, **kwargs):
     """`kzoo.data.load` with the run's `--data-dir` and `--tfds-dir`; bad names or files exit with a clear message."""
     try:
         if name in kzoo.data.BUILDERS:
-            # A prepared dataset is not read again from its files: check the folder first.
+            # A missing folder gets the flag's name in the message.
             kzoo.data.corpus_dir(args.data_dir)
             kwargs["source_dir"] = args.data_dir
         return kzoo.data.load(name, split, data_dir=args.tfds_dir, **kwargs)
@@ -251,7 +275,127 @@ def start(args):
     keras.utils.set_random_seed(args.seed)
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    return Run(args, config, output_dir)
+    run = Run(args, config, output_dir)
+    if run.is_chief:
+        run.lock = lock_output_dir(args, output_dir)
+        check_unfinished_run(args, output_dir)
+    return run
+
+
+def lock_output_dir(args, output_dir):
+    """Takes the output folder for this process, or exits naming the process that has it.
+
+    The lock is an `flock` on `output_dir/.lock`, which the system releases when the process
+    ends, however it ends; the file names the holder.
+
+    Returns:
+        The open lock file: the lock lasts while it is open.
+    """
+    file = open(output_dir / LOCK_FILE, "a+")  # noqa: SIM115 (the lock lasts while the file is open)
+    try:
+        fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        file.seek(0)
+        holder = file.read().strip() or "another process"
+        file.close()
+        args.parser.error(
+            f"--output-dir {output_dir} is in use by another run: {holder}. "
+            "Wait for it to end, or pass another --output-dir."
+        )
+    file.truncate(0)
+    file.write(f"pid {os.getpid()} on {socket.gethostname()}, running {' '.join(sys.argv)}\n")
+    file.flush()
+    return file
+
+
+def run_settings(args):
+    """The flags of a run that make it the run it is, as `{dest: value}`."""
+    return {
+        key: value
+        for key, value in vars(args).items()
+        if key not in ("parser", "recipe") and isinstance(value, (str, int, float, bool, type(None)))
+    }
+
+
+def check_unfinished_run(args, output_dir):
+    """Exits if the output folder holds backups of an unfinished run with other settings; else
+    records this run's settings (`UNFINISHED_RUN_FILE`), so that a rerun can be checked."""
+    path = output_dir / UNFINISHED_RUN_FILE
+    settings = run_settings(args)
+    backups = sorted(str(backup) for backup in output_dir.glob("**/backup") if backup.is_dir())
+    if backups and path.is_file():
+        earlier = json.loads(path.read_text(encoding="utf-8"))
+        changed = [
+            f"--{key.replace('_', '-')} {earlier.get(key)} (now {value})"
+            for key, value in settings.items()
+            if key not in RESUMABLE_FLAGS and earlier.get(key) != value
+        ]
+        if changed:
+            args.parser.error(
+                f"--output-dir {output_dir} holds the backup of an unfinished run of other settings, so it "
+                f"belongs to another model or training: {', '.join(changed)}. Rerun that run's command to "
+                f"resume it, or delete {' and '.join(backups)} (or pass another --output-dir) to start afresh."
+            )
+    path.write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
+
+
+# Starts the message of a token id outside the model's vocabulary in a recipe's data.
+_BAD_TOKEN_IDS = "The data holds token ids outside the vocabulary of the model"
+
+
+def checked_token_ids(dataset, model):
+    """`dataset` with its token ids (the `*token_ids` features of `(x, ...)` elements) checked
+    against the model's vocabulary, in the input pipeline: a bad id stops training with an
+    error, where the compiled step (XLA) would train on NaN. A model without a vocabulary
+    (not from kzoo) gets the dataset unchanged."""
+    vocabulary_size = getattr(getattr(model, "backbone", None), "vocabulary_size", None)
+    vocabulary_size = vocabulary_size or getattr(model, "vocabulary_size", None)
+    if not vocabulary_size:
+        return dataset
+
+    def check(x, *rest):
+        features = x if isinstance(x, dict) else {"token_ids": x}
+        checks = [
+            tf.debugging.Assert(
+                tf.reduce_all((value >= 0) & (value < vocabulary_size)),
+                [f"{_BAD_TOKEN_IDS}, [0, {vocabulary_size}), in `{name}`: ids from", tf.reduce_min(value), "to", tf.reduce_max(value)],
+            )
+            for name, value in features.items()
+            if name.endswith("token_ids")
+        ]
+        with tf.control_dependencies(checks):
+            return (tf.nest.map_structure(tf.identity, x), *rest)
+
+    return dataset.map(check)
+
+
+@contextlib.contextmanager
+def stop_on_bad_token_ids(args):
+    """Turns the error of `checked_token_ids` into an exit with its message."""
+    try:
+        yield
+    except tf.errors.InvalidArgumentError as error:
+        if _BAD_TOKEN_IDS not in error.message:
+            raise
+        # "[message: ids from] [-3] [to] [300]" -> "message: ids from -3 to 300"
+        message = error.message[error.message.index(_BAD_TOKEN_IDS) :].splitlines()[0].replace("] [", " ").rstrip("]")
+        raise SystemExit(f"{args.recipe}: {message} (check the tokenizer and --preset against the data).") from None
+
+
+@contextlib.contextmanager
+def stop_on_divergence(args, output_dir):
+    """Turns a run stopped on a NaN or Inf loss (`keras.callbacks.TerminateOnNaN(raise_error=True)`,
+    or the backup's check of the weights) into an exit with a message; nothing is saved after it."""
+    try:
+        yield
+    except (RuntimeError, FloatingPointError) as error:
+        if isinstance(error, RuntimeError) and "NaN or Inf loss" not in str(error):
+            raise
+        raise SystemExit(
+            f"{args.recipe}: training stopped: {error}\nNothing was saved from the diverged model, and "
+            f"{output_dir} keeps its last finite backup. Lower --learning-rate (now {args.learning_rate}); "
+            "a rerun with other flags needs the backup deleted first."
+        ) from None
 
 
 class Run:
@@ -269,6 +413,8 @@ class Run:
         self.output_dir = output_dir
         self.is_chief = kzoo.training.is_chief(config.strategy)
         self.start_time = time.monotonic()
+        self.lock = None
+        self._fitted_folders = []
 
     @property
     def jit_compile(self):
@@ -302,26 +448,27 @@ class Run:
             (other workers of a multi-worker run: the epochs they ran).
         """
         folder = self.folder(name)
-        history_path = folder / HISTORY_FILE
         if self.is_chief:
             folder.mkdir(parents=True, exist_ok=True)
-            if not (folder / "backup").exists() and history_path.exists():
-                history_path.unlink()  # A fresh run, not a resumed one.
+            self._fitted_folders.append(folder)
+        # The backup outlives `fit`: `finish` deletes it once every file of the run is written,
+        # so a run killed after training resumes without training again.
         run_callbacks = kzoo.training.callbacks(
-            str(folder), self.config.strategy, backup_freq=min(_BACKUP_FREQ, steps_per_epoch)
+            str(folder), self.config.strategy, backup_freq=_BACKUP_FREQ, keep_backup=True
         )
-        if self.is_chief:
-            run_callbacks.append(keras.callbacks.CSVLogger(str(history_path), append=True))
-        history = model.fit(
-            kzoo.training.shard_by_data(stream),
-            epochs=self.args.epochs,
-            steps_per_epoch=steps_per_epoch,
-            validation_data=validation_data,
-            callbacks=run_callbacks,
-            shuffle=False,  # The stream is shuffled already; Keras cannot shuffle a dataset.
-            verbose=1 if self.is_chief else 0,
-        )
-        return read_history(history_path) if self.is_chief else history.history
+        if validation_data is not None:
+            validation_data = checked_token_ids(validation_data, model)
+        with stop_on_divergence(self.args, folder), stop_on_bad_token_ids(self.args):
+            history = model.fit(
+                kzoo.training.shard_by_data(checked_token_ids(stream, model)),
+                epochs=self.args.epochs,
+                steps_per_epoch=steps_per_epoch,
+                validation_data=validation_data,
+                callbacks=run_callbacks,
+                shuffle=False,  # The stream is shuffled already; Keras cannot shuffle a dataset.
+                verbose=1 if self.is_chief else 0,
+            )
+        return read_history(folder / HISTORY_FILE) if self.is_chief else history.history
 
     def save(self, model, tokenizer, name=None):
         """Saves `model.keras` and the tokenizer (`kzoo.data.save_tokenizer`) into `folder(name)`.
@@ -353,16 +500,14 @@ class Run:
             "recipe": self.args.recipe,
             "metrics": metrics,
             "wall_time_s": round(time.monotonic() - self.start_time, 1),
-            "settings": {
-                key: value
-                for key, value in vars(self.args).items()
-                if key not in ("parser", "recipe") and isinstance(value, (str, int, float, bool, type(None)))
-            },
+            "steps_trained": steps_per_epoch * self.args.epochs,
+            "settings": run_settings(self.args),
             "history": histories,
         }
         if self.is_chief:
             plot_histories(histories, steps_per_epoch, self.path(CURVES_FILE), title=self.args.recipe)
             self.path(METRICS_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+            self._remove_backups()
         numbers = {name: value for name, value in metrics.items() if isinstance(value, (int, float))}
         numbers["wall time (s)"] = round(record["wall_time_s"])
         width = max(len(name) for name in numbers)
@@ -370,6 +515,16 @@ class Run:
         for name, value in numbers.items():
             print(f"  {name:<{width}}  {value:,}" if isinstance(value, int) else f"  {name:<{width}}  {value:.4f}")
         return record
+
+
+    def _remove_backups(self):
+        """The run is finished: its backups and the record of its settings go, and so does the lock."""
+        for folder in self._fitted_folders:
+            shutil.rmtree(folder / "backup", ignore_errors=True)
+        (self.output_dir / UNFINISHED_RUN_FILE).unlink(missing_ok=True)
+        if self.lock is not None:
+            self.lock.close()
+            self.lock = None
 
 
 def read_history(path):

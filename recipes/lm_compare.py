@@ -101,13 +101,14 @@ def main(argv=None):
         if name == "gpt":
             train, validation = train.map(gpt_lm.gpt_inputs), validation.map(gpt_lm.gpt_inputs)
         clock = TrainingClock(name, args.seconds_per_model, args.evaluations, validation)
-        model.fit(
-            kzoo.training.shard_by_data(train.repeat()),
-            steps_per_epoch=args.steps,
-            callbacks=[clock],
-            shuffle=False,
-            verbose=0,
-        )
+        with _common.stop_on_divergence(args, run.output_dir):
+            model.fit(
+                kzoo.training.shard_by_data(train.repeat()),
+                steps_per_epoch=args.steps,
+                callbacks=[keras.callbacks.TerminateOnNaN(raise_error=True), clock],
+                shuffle=False,
+                verbose=0,
+            )
         curves[name] = clock.curve
         table.append(
             {

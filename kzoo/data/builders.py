@@ -1,15 +1,16 @@
 """tensorflow-datasets builders for kzoo's shipped corpora, and `load`.
 
 Each builder reads the compressed files in `recipes/data` through `kzoo.data.corpora` (never
-the network) and writes TFRecords under the tfds `data_dir` once; later loads read those. The
+the network) and writes TFRecords under the tfds `data_dir`; later loads read those. The
 examples keep the order of the corpus reader (`disable_shuffling`), so a split is the same
 sequence on every machine. Importing this module registers the builders with tfds, so
 `tfds.load("kzoo_spa_eng")` works too.
 
-A prepared dataset is not re-read when the source files change: delete its folder under
-`data_dir` (`<data_dir>/<name>/<version>`) to prepare it again.
+A prepared dataset records the SHA-256 of its source files, and is prepared again whenever
+they differ (other files, another `source_dir`): stale data is never read.
 """
 
+import hashlib
 import inspect
 
 import tensorflow_datasets as tfds
@@ -41,6 +42,8 @@ class CorpusBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     VERSION = tfds.core.Version("1.0.0")
     RELEASE_NOTES = {"1.0.0": "First version, read from the files kzoo ships in recipes/data."}
     supervised_keys = None
+    # The corpus folder under the source dir, whose files the reader reads.
+    source_folder = None
 
     @tfds.core.utils.classproperty
     @classmethod
@@ -63,9 +66,32 @@ class CorpusBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
             homepage=self.homepage,
             license=self.license,
             disable_shuffling=True,
+            metadata=tfds.core.MetadataDict(),
         )
 
+    def source_checksum(self):
+        """The SHA-256 of the source folder's files (names and contents), or None if there is no such folder."""
+        folder = corpora.corpus_dir(self.source_dir) / self.source_folder
+        if not folder.is_dir():
+            return None
+        digest = hashlib.sha256()
+        for path in sorted(path for path in folder.rglob("*") if path.is_file()):
+            digest.update(path.relative_to(folder).as_posix().encode("utf-8") + b"\0")
+            with open(path, "rb") as file:
+                for chunk in iter(lambda: file.read(1 << 20), b""):
+                    digest.update(chunk)
+        return digest.hexdigest()
+
+    def download_and_prepare(self, *, download_dir=None, download_config=None, **kwargs):
+        """Prepares the dataset, again if its source files changed since it was prepared."""
+        checksum = self.source_checksum()
+        if self.is_prepared() and (checksum is None or self.info.metadata.get("source_sha256") != checksum):
+            download_config = download_config or tfds.download.DownloadConfig()
+            download_config.download_mode = tfds.download.GenerateMode.REUSE_CACHE_IF_EXISTS
+        super().download_and_prepare(download_dir=download_dir, download_config=download_config, **kwargs)
+
     def _split_generators(self, dl_manager):
+        self.info.metadata["source_sha256"] = self.source_checksum()
         splits = self.read_corpus(self.source_dir)
         return {split: self._generate_examples(examples) for split, examples in splits.items()}
 
@@ -81,6 +107,7 @@ class KzooTinyShakespeare(CorpusBuilder):
     """
 
     name = "kzoo_tiny_shakespeare"
+    source_folder = "tinyshakespeare"
     read_corpus = staticmethod(corpora.read_tiny_shakespeare)
     features = {"text": tfds.features.Text()}
     homepage = "https://github.com/karpathy/char-rnn"
@@ -95,6 +122,7 @@ class KzooSpaEng(CorpusBuilder):
     """
 
     name = "kzoo_spa_eng"
+    source_folder = "spa-eng"
     read_corpus = staticmethod(corpora.read_spa_eng)
     features = {"english": tfds.features.Text(), "spanish": tfds.features.Text()}
     supervised_keys = ("english", "spanish")
@@ -110,6 +138,7 @@ class KzooRtPolarity(CorpusBuilder):
     """
 
     name = "kzoo_rt_polarity"
+    source_folder = "rt-polarity"
     read_corpus = staticmethod(corpora.read_rt_polarity)
     features = {"text": tfds.features.Text(), "label": tfds.features.ClassLabel(names=corpora.SENTIMENT_LABELS)}
     supervised_keys = ("text", "label")
@@ -126,6 +155,7 @@ class KzooSentimentSentences(CorpusBuilder):
     """
 
     name = "kzoo_sentiment_sentences"
+    source_folder = "sentiment-labelled-sentences"
     read_corpus = staticmethod(corpora.read_sentiment_sentences)
     features = {
         "text": tfds.features.Text(),
@@ -145,6 +175,7 @@ class KzooUdEnglishEwt(CorpusBuilder):
     """
 
     name = "kzoo_ud_english_ewt"
+    source_folder = "ud-english-ewt"
     read_corpus = staticmethod(corpora.read_ud_english_ewt)
     features = {
         "sent_id": tfds.features.Text(),
@@ -165,6 +196,7 @@ class KzooWnut17(CorpusBuilder):
     """
 
     name = "kzoo_wnut17"
+    source_folder = "wnut17"
     read_corpus = staticmethod(corpora.read_wnut17)
     features = {
         "tokens": tfds.features.Sequence(tfds.features.Text()),
@@ -183,6 +215,7 @@ class KzooScitldr(CorpusBuilder):
     """
 
     name = "kzoo_scitldr"
+    source_folder = "scitldr-a"
     read_corpus = staticmethod(corpora.read_scitldr)
     features = {
         "paper_id": tfds.features.Text(),

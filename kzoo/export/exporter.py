@@ -1,9 +1,11 @@
 """`export`: a kzoo model to a SavedModel and TFLite files that are verified against Keras."""
 
+import glob
 import json
 import os
 import platform
 import shutil
+import socket
 import tempfile
 import time
 import zipfile
@@ -111,7 +113,9 @@ def export(
     Everything is written to a temporary folder beside `output_dir` and
     moved into place only when every check passed; on any failure the
     temporary folder is removed and `ExportError` raised, so `output_dir`
-    never holds a partial or unverified export.
+    never holds a partial or unverified export. The temporary folders of an
+    export that was killed (named for their host and process) are removed by
+    the next export to the same path.
 
     Args:
         model: a kzoo task model, or the path of its `.keras` file.
@@ -156,7 +160,12 @@ def export(
     {'1': 3.8e-07, '7': 4.1e-07, '256': 5.2e-07}
     """
     formats = _check_formats(formats)
+    _check_counts(
+        max_length=max_length, cache_length=cache_length, num_examples=num_examples,
+        num_representative=num_representative, generate_tokens=generate_tokens, latency_runs=latency_runs,
+    )
     output_dir = _check_output_dir(output_dir, overwrite)
+    _remove_stale_staging(output_dir)
     model, model_path = _load_model(model)
     try:
         task = task_of(model)
@@ -182,7 +191,7 @@ def export(
     signatures = ServingSignatures(model, cache_length, tokenizer)
     checks = _KerasReference(model, task, names, data, length, signatures, generate_tokens)
 
-    staging = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", suffix=".partial", dir=output_dir.parent))
+    staging = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.{_owner()}.", suffix=".partial", dir=output_dir.parent))
     try:
         _make_readable(staging)
         artifacts, failures = {}, []
@@ -277,6 +286,48 @@ def _check_litertlm(formats, task, tokenizer, explicit):
     return [name for name in formats if name != "litertlm"]
 
 
+def _check_counts(**counts):
+    """Each count that is given must be an int >= 1 (0 would mean "the default" or divide by zero)."""
+    for name, value in counts.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1):
+            raise ExportError(f"`{name}` must be an int >= 1; received {name}={value!r}.")
+
+
+def _owner():
+    """This process, as its temporary folders name it: "<host>-<pid>"."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def _remove_stale_staging(output_dir):
+    """Removes the temporary folders of killed exports to `output_dir`: a `.partial` staging
+    folder, or the earlier export it was replacing (`.replaced`, put back if nothing replaced it).
+    Folders of a process of this host that is still running, or of another host, are kept."""
+    prefix = f".{output_dir.name}."
+    for path in output_dir.parent.glob(f"{glob.escape(prefix)}*"):
+        if path.suffix not in (".partial", ".replaced") or not path.is_dir():
+            continue
+        # ".<name>.<host>-<pid>.<random>.partial" or ".<name>.<host>-<pid>.replaced"
+        middle = path.name[len(prefix) : -len(path.suffix)]
+        owner = middle.rpartition(".")[0] if path.suffix == ".partial" else middle
+        host, _, pid = owner.rpartition("-")
+        if host not in (socket.gethostname(), "") or (pid.isdigit() and _running(int(pid))):
+            continue
+        if path.suffix == ".replaced" and not output_dir.exists():
+            path.rename(output_dir)
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _running(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _check_output_dir(output_dir, overwrite):
     """The absolute output path, after checking that it can be created."""
     output_dir = Path(output_dir).absolute()
@@ -308,7 +359,7 @@ def _move_into_place(staging, output_dir):
     if not output_dir.exists():
         staging.rename(output_dir)
         return
-    retired = output_dir.with_name(f".{output_dir.name}.replaced-{os.getpid()}")
+    retired = output_dir.with_name(f".{output_dir.name}.{_owner()}.replaced")
     output_dir.rename(retired)
     staging.rename(output_dir)
     shutil.rmtree(retired, ignore_errors=True)
@@ -333,7 +384,7 @@ def _load_model(model):
 
 def _check_length(max_length, model):
     limit = getattr(getattr(model, "backbone", None), "max_sequence_length", None)
-    length = max_length or max_length_of(model)
+    length = max_length_of(model) if max_length is None else max_length
     if length < 1 or (limit is not None and length > limit):
         raise ExportError(f"`max_length` ({length}) must be in [1, {limit or 'inf'}].")
     return length

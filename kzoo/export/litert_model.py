@@ -6,10 +6,17 @@ without them. kzoo's exporter verifies its TFLite files through it too, so what 
 checked is what is served.
 """
 
+import json
+import mmap
 import time
+from pathlib import Path
 
 import numpy as np
+from ai_edge_litert import schema_py_generated as schema
 from ai_edge_litert.interpreter import Interpreter
+
+# The metadata entry kzoo's exporter writes (`kzoo.export.ServingSignatures.info`).
+INFO_NAME = b"kzoo_model"
 
 
 class LiteRTModel:
@@ -19,6 +26,14 @@ class LiteRTModel:
     GPTCausalLM and Seq2SeqTransformer also have `prefill` and `decode`, with
     the KV cache as explicit state (see `kzoo.export.ServingModule`), which
     `generate` drives one token at a time.
+
+    Inputs are checked before anything runs, as compiled TFLite code has no
+    assertions (an id outside the vocabulary gives NaN logits): token ids
+    must be integers in `[0, vocabulary_size)`, no input may be empty, and a
+    sequence may not be longer than the model's maximum (or a generation
+    than the cache). The vocabulary size and maximum length come from the
+    file's `kzoo_model` metadata (`info`); files without it get every check
+    but the range and the length.
 
     Args:
         model: the path of a `.tflite` file, or its bytes.
@@ -32,12 +47,25 @@ class LiteRTModel:
     """
 
     def __init__(self, model, num_threads=2):
-        if isinstance(model, (bytes, bytearray)):
-            self.interpreter = Interpreter(model_content=bytes(model), num_threads=num_threads)
-        else:
-            self.interpreter = Interpreter(model_path=str(model), num_threads=num_threads)
-        self.signatures = self.interpreter.get_signature_list()
-        self._runners = {name: self.interpreter.get_signature_runner(name) for name in self.signatures}
+        in_memory = isinstance(model, (bytes, bytearray))
+        name = "the TFLite model" if in_memory else str(model)
+        if not in_memory and not Path(model).is_file():
+            raise FileNotFoundError(f"No TFLite file at {model}.")
+        try:
+            if in_memory:
+                self.interpreter = Interpreter(model_content=bytes(model), num_threads=num_threads)
+                self.info = read_info(model)
+            else:
+                self.interpreter = Interpreter(model_path=str(model), num_threads=num_threads)
+                with open(model, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+                    self.info = read_info(mapped)
+            self.signatures = self.interpreter.get_signature_list()
+            self._runners = {name: self.interpreter.get_signature_runner(name) for name in self.signatures}
+        except (ValueError, RuntimeError, IndexError) as error:
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise ValueError(f"{name} is not a valid TFLite file (empty, truncated or corrupt?): {reason}") from error
+        if "serving_default" not in self.signatures:
+            raise ValueError(f"{name} has no serving_default signature: it was not written by kzoo's export.")
 
     def input_details(self, signature="serving_default"):
         """`{name: {"shape_signature": ..., "dtype": ...}}` of a signature's inputs."""
@@ -57,7 +85,7 @@ class LiteRTModel:
                 f"Signature {signature!r} takes inputs {sorted(details)}; "
                 f"missing {missing}, unknown {unknown}."
             )
-        inputs = {name: np.asarray(value, details[name]["dtype"]) for name, value in inputs.items()}
+        inputs = {name: self._checked(name, value, details[name]["dtype"]) for name, value in inputs.items()}
         runner = self._runners[signature]
         batch = {value.shape[0] for value in inputs.values() if value.ndim > 0}
         fixed_batch = any(d["shape_signature"][:1].tolist() == [1] for d in details.values() if len(d["shape_signature"]))
@@ -65,6 +93,17 @@ class LiteRTModel:
             rows = [runner(**{name: value[i : i + 1] for name, value in inputs.items()}) for i in range(max(batch))]
             return {name: np.concatenate([row[name] for row in rows]) for name in rows[0]}
         return runner(**inputs)
+
+    def _checked(self, name, value, dtype):
+        """`value` as a `dtype` array, after the checks the compiled file cannot make."""
+        array = np.asarray(value)
+        if np.issubdtype(dtype, np.integer) and array.size and not np.issubdtype(array.dtype, np.integer):
+            raise ValueError(f"`{name}` must hold integers; received {array.dtype.name} values.")
+        if array.ndim and 0 in array.shape:
+            raise ValueError(f"`{name}` is empty (shape {array.shape}): pass at least one token.")
+        if name.endswith("token_ids"):
+            check_token_ids(array, self.info.get("vocabulary_size"), name, self.info.get("max_sequence_length"))
+        return array.astype(dtype, copy=False)
 
     @property
     def cache_length(self):
@@ -91,10 +130,21 @@ class LiteRTModel:
         """
         if "decode" not in self._runners:
             raise ValueError("This model has no `prefill`/`decode` signatures: it does not generate.")
-        prompt_ids = [int(token) for token in prompt_ids]
-        max_length = max_length or self.cache_length
+        vocabulary_size = self.info.get("vocabulary_size")
+        prompt_ids = check_token_ids(prompt_ids, vocabulary_size, "prompt_ids").reshape(-1).tolist()
+        stop_token_ids = check_token_ids(stop_token_ids, vocabulary_size, "stop_token_ids").reshape(-1).tolist()
+        if encoder_token_ids is not None:
+            encoder_token_ids = check_token_ids(
+                encoder_token_ids, vocabulary_size, "encoder_token_ids", self.info.get("max_sequence_length")
+            ).reshape(-1).tolist()
+            if not encoder_token_ids:
+                raise ValueError("`encoder_token_ids` is empty: the source needs at least one token.")
+        if max_length is None:
+            max_length = self.cache_length
         if not prompt_ids:
             raise ValueError("The prompt needs at least one token.")
+        if isinstance(max_length, bool) or not isinstance(max_length, (int, np.integer)):
+            raise ValueError(f"`max_length` must be an int; received {max_length!r}.")
         if not len(prompt_ids) < max_length <= self.cache_length:
             raise ValueError(
                 f"`max_length` ({max_length}) must be > the prompt length ({len(prompt_ids)}) "
@@ -136,6 +186,39 @@ class LiteRTModel:
         details = self.input_details(signature)
         inputs = {name: np.asarray(value, details[name]["dtype"]) for name, value in inputs.items()}
         return median_ms(lambda: runner(**inputs), runs)
+
+
+def read_info(flatbuffer):
+    """The `kzoo_model` metadata of a TFLite flatbuffer (a dict), or {} if it has none."""
+    model = schema.Model.GetRootAs(flatbuffer, 0)
+    for i in range(model.MetadataLength()):
+        entry = model.Metadata(i)
+        if entry.Name() == INFO_NAME:
+            return json.loads(model.Buffers(entry.Buffer()).DataAsNumpy().tobytes())
+    return {}
+
+
+def check_token_ids(values, vocabulary_size=None, name="token_ids", max_length=None):
+    """`values` as an integer array, after checking that they are ids in `[0, vocabulary_size)`
+    (when known) and that no row is longer than `max_length` (when given); else ValueError.
+
+    An empty list passes: the caller knows whether one is allowed.
+    """
+    array = np.asarray(values)
+    if array.size == 0:
+        return array.astype(np.int64)
+    if not np.issubdtype(array.dtype, np.integer):
+        raise ValueError(f"`{name}` must hold integer token ids; received {array.dtype.name} values such as {array.reshape(-1)[0].item()!r}.")
+    if vocabulary_size is not None:
+        outside = array[(array < 0) | (array >= vocabulary_size)]
+        if outside.size:
+            raise ValueError(
+                f"`{name}` must be in [0, {vocabulary_size}) (the model's vocabulary_size); received {outside[0]}"
+                + (f" and {outside.size - 1} more outside it." if outside.size > 1 else ".")
+            )
+    if max_length is not None and array.ndim and array.shape[-1] > max_length:
+        raise ValueError(f"`{name}` has {array.shape[-1]} tokens, more than the model's maximum of {max_length}.")
+    return array
 
 
 def median_ms(function, runs=20):

@@ -1,5 +1,8 @@
 """The serving signatures of a kzoo model, traced once, over one copy of its variables."""
 
+import json
+import os
+
 import tensorflow as tf
 
 from kzoo import models
@@ -30,6 +33,10 @@ RECURRENT = (models.RNNLanguageModel, models.BiLSTMClassifier, models.BiLSTMTagg
 # The length checked as "full" for models without a position table (RNNs, the
 # feed-forward LM).
 DEFAULT_MAX_LENGTH = 128
+# What a server checks its inputs against (`ServingSignatures.info`): the name of the TFLite
+# metadata entry, and of the file in a SavedModel's `assets.extra/`.
+INFO_NAME = "kzoo_model"
+INFO_FILE = "kzoo_model.json"
 
 
 def task_of(model):
@@ -143,6 +150,11 @@ class ServingSignatures:
         # The token table is also the output projection (GPT, tied seq2seq, BERT MLM).
         self.tied_embeddings = any(isinstance(layer, TiedLogits) for layer in model.layers)
         self.cache_length = check_cache_length(model, cache_length)
+        self._info = {
+            "task": self.task,
+            "vocabulary_size": int(vocabulary_size_of(model)),
+            "max_sequence_length": getattr(getattr(model, "backbone", None), "max_sequence_length", None),
+        }
         self._functions = _signature_functions(model, self.task, self.input_names, self.cache_length)
         self.tokenizer = tokenizer if self.task in TEXT_SIGNATURES else None
         if self.tokenizer is not None:
@@ -150,6 +162,14 @@ class ServingSignatures:
         self.variables = _captured_variables(
             [function.get_concrete_function() for function in self._functions.values()]
         )
+
+    @property
+    def info(self):
+        """What a server needs to check its inputs: `{"task", "vocabulary_size",
+        "max_sequence_length", "cache_length"}` (the last one None without generation).
+        Saved with the SavedModel (`assets.extra/kzoo_model.json`) and in the TFLite files'
+        metadata (`kzoo_model`), where `kzoo.export.LiteRTModel` reads it."""
+        return dict(self._info, cache_length=self.cache_length if self.generates else None)
 
     @property
     def generates(self):
@@ -167,8 +187,12 @@ class ServingSignatures:
         return {name: self._functions[name] for name in names if name in self._functions}
 
     def save(self, path):
-        """Writes the SavedModel of `savedmodel_signatures()` to `path`."""
+        """Writes the SavedModel of `savedmodel_signatures()` to `path`, with `info` in
+        `path/assets.extra/kzoo_model.json`."""
         tf.saved_model.save(self.trackable(), str(path), signatures=self.savedmodel_signatures())
+        os.makedirs(os.path.join(path, "assets.extra"), exist_ok=True)
+        with open(os.path.join(path, "assets.extra", INFO_FILE), "w", encoding="utf-8") as file:
+            json.dump(self.info, file, indent=2)
 
     def trackable(self):
         """A `tf.Module` holding the variables once (and the tokenizer's

@@ -1,10 +1,15 @@
 """TFLite conversion of a `ServingModule`, builtin ops only, in four precisions."""
 
 import collections
+import json
 import warnings
 
+import numpy as np
 import tensorflow as tf
 from ai_edge_litert import schema_py_generated as schema
+from ai_edge_litert.tools import flatbuffer_utils
+
+from kzoo.export.serving_signatures import INFO_NAME
 
 # Format name -> what its weights and activations are. Every format keeps a
 # float32 interface (int32 token ids in, float32 logits and caches out).
@@ -31,7 +36,7 @@ def convert(signatures, tflite_format, representative_dataset=None, generation=T
         generation: bool, include `prefill` and `decode` where the model has them.
 
     Returns:
-        The flatbuffer (bytes).
+        The flatbuffer (bytes), with `signatures.info` as its `kzoo_model` metadata (JSON).
 
     Raises:
         tf.lite's `ConverterError` when an op has no builtin TFLite kernel
@@ -59,7 +64,21 @@ def convert(signatures, tflite_format, representative_dataset=None, generation=T
     with warnings.catch_warnings():
         # TF's calibrator still runs the deprecated tf.lite.Interpreter; kzoo runs LiteRT.
         warnings.filterwarnings("ignore", "(?s).*tf.lite.Interpreter is deprecated", UserWarning)
-        return converter.convert()
+        flatbuffer = converter.convert()
+    return with_metadata(flatbuffer, INFO_NAME, json.dumps(signatures.info).encode("utf-8"))
+
+
+def with_metadata(flatbuffer, name, data):
+    """The TFLite `flatbuffer` with one more metadata entry, `name`, holding the bytes `data`."""
+    model = flatbuffer_utils.read_model_from_bytearray(flatbuffer)
+    buffer = schema.BufferT()
+    buffer.data = np.frombuffer(data, np.uint8)
+    model.buffers.append(buffer)
+    entry = schema.MetadataT()
+    entry.name = name
+    entry.buffer = len(model.buffers) - 1
+    model.metadata = [*(model.metadata or []), entry]
+    return bytes(flatbuffer_utils.convert_object_to_bytearray(model))
 
 
 def op_census(flatbuffer):

@@ -6,6 +6,7 @@ the decode loop in one compiled function per (batch size, length, prefill
 length) that is reused across calls.
 """
 
+import numbers
 import weakref
 
 import keras
@@ -16,6 +17,56 @@ from kzoo import samplers as samplers_lib
 
 # Compiled decode functions per model, keyed by shapes and sampler settings.
 _COMPILED = weakref.WeakKeyDictionary()
+
+
+def check_token_ids(values, vocabulary_size, name):
+    """Raises `ValueError` unless every id in `values` is an integer in `[0, vocabulary_size)`.
+
+    Run on the host before the compiled loop, where an id outside the
+    vocabulary gives no error (XLA drops assertions) and a float would be cast
+    to an id without one.
+
+    Args:
+        values: an array or tensor of any shape, or a list of id lists
+            (ragged) or of ids; empty rows pass (the caller says they are).
+        vocabulary_size: int.
+        name: the argument name used in the message.
+
+    Example:
+    >>> check_token_ids([[72, 105], [84]], 256, "prompts")  # passes
+    """
+    rows = values if isinstance(values, (list, tuple)) else [ops.convert_to_numpy(values)]
+    for row in rows:
+        row = np.asarray(row)
+        if row.size == 0:
+            continue
+        if not np.issubdtype(row.dtype, np.integer):
+            raise ValueError(
+                f"`{name}` must hold integer token ids; received {row.dtype.name} values such as "
+                f"{row.reshape(-1)[0].item()!r}."
+            )
+        outside = row[(row < 0) | (row >= vocabulary_size)]
+        if outside.size:
+            raise ValueError(
+                f"`{name}` must be in [0, {vocabulary_size}) (the model's vocabulary_size); "
+                f"received {outside[0]}" + (f" and {outside.size - 1} more outside it." if outside.size > 1 else ".")
+            )
+
+
+def check_generate_arguments(model, prompts, max_length, max_new_tokens, stop_token_ids):
+    """The checks of `generate`'s arguments that the compiled loop cannot make: ids in the
+    vocabulary and integer (prompts and stop ids), lengths positive integers."""
+    vocabulary_size = model.backbone.vocabulary_size
+    if isinstance(prompts, dict):
+        mask = np.asarray(ops.convert_to_numpy(prompts["padding_mask"])).astype(bool)
+        check_token_ids(np.asarray(ops.convert_to_numpy(prompts["token_ids"]))[mask], vocabulary_size, "prompts")
+    else:
+        check_token_ids(prompts, vocabulary_size, "prompts")
+    if stop_token_ids is not None:
+        check_token_ids(list(stop_token_ids), vocabulary_size, "stop_token_ids")
+    for name, value in (("max_length", max_length), ("max_new_tokens", max_new_tokens)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1):
+            raise ValueError(f"`{name}` must be an int >= 1; received {name}={value!r}.")
 
 
 def pack_prompts(prompts, max_length=None, max_new_tokens=None, limit=None, pad_id=0, name="prompts"):
@@ -129,6 +180,7 @@ def generate(model, start, prompts, max_length, max_new_tokens, sampler, stop_to
         inputs: more tensors for `start` (a seq2seq model's source ids).
         Others: as in `GPTCausalLM.generate`.
     """
+    check_generate_arguments(model, prompts, max_length, max_new_tokens, stop_token_ids)
     sampler, stop = resolve(sampler, stop_token_ids)
     token_ids, prompt_mask, ragged = pack_prompts(prompts, max_length, max_new_tokens, limit)
     batch, length = token_ids.shape

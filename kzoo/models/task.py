@@ -1,6 +1,8 @@
 import keras
+import numpy as np
 
 from kzoo.models import presets
+from kzoo.models.generation import check_token_ids
 from kzoo.models.cross_entropy import TokenCrossEntropy
 from kzoo.models.multi_worker_trainer_mixin import MultiWorkerTrainerMixin
 
@@ -155,6 +157,36 @@ class Task(MultiWorkerTrainerMixin, keras.Model):
             self._no_weight_decay = no_weight_decay
         if self.built:
             self.optimizer.build(self.trainable_variables)
+
+    def fit(self, x=None, *args, **kwargs):
+        self._check_host_inputs(x, "fit")
+        return super().fit(x, *args, **kwargs)
+
+    def evaluate(self, x=None, *args, **kwargs):
+        self._check_host_inputs(x, "evaluate")
+        return super().evaluate(x, *args, **kwargs)
+
+    def predict(self, x, *args, **kwargs):
+        """`keras.Model.predict`, with NumPy token ids checked first (also in `fit` and
+        `evaluate`): they must be integers in the vocabulary, and there must be rows. Out of
+        the vocabulary, compiled code (XLA) would give NaN rows rather than an error."""
+        self._check_host_inputs(x, "predict")
+        return super().predict(x, *args, **kwargs)
+
+    def _check_host_inputs(self, x, method):
+        """Checks the NumPy arrays (or lists) of `x` named `*token_ids`; leaves datasets and tensors."""
+        features = x if isinstance(x, dict) else {"token_ids": x}
+        vocabulary_size = getattr(getattr(self, "backbone", None), "vocabulary_size", None) or getattr(
+            self, "vocabulary_size", None
+        )
+        for name, value in features.items():
+            if not name.endswith("token_ids") or not isinstance(value, (np.ndarray, list)):
+                continue
+            value = np.asarray(value)
+            if value.ndim == 0 or value.shape[0] == 0:
+                raise ValueError(f"`{name}` has no rows: {method} needs at least one example; received shape {value.shape}.")
+            if vocabulary_size is not None:
+                check_token_ids(value, vocabulary_size, name)
 
     def get_config(self):
         # Not chained to keras.Model: a task is rebuilt from its constructor

@@ -14,12 +14,15 @@ A recipe, unchanged from one CPU to a GPU box, a cluster or a TPU VM:
 - `get_strategy(name)`: "auto", "cpu", "gpu"/"mirrored", "multi_worker" (TF_CONFIG or SLURM), "tpu".
 - `configure(...)`: the strategy, the global dtype policy and `jit_compile`, as a `TrainingConfig`.
 - `MultiWorkerTrainerMixin`: the fix for `fit` under `MultiWorkerMirroredStrategy` (keras#20585).
-- `callbacks(...)`, `BackupAndRestore`: exact resumption after a kill; only the chief writes files.
+- `callbacks(...)`, `BackupAndRestore`: exact resumption after a kill, a stop on a NaN loss;
+  only the chief writes files.
 - `shard_by_data(dataset)`: each worker keeps its part of every global batch.
 """
 
 from kzoo.training.backup_and_restore import BackupAndRestore
 from kzoo.training.backup_and_restore import is_chief
+from kzoo.training.callbacks import HISTORY_FILE
+from kzoo.training.callbacks import ResumedCSVLogger
 from kzoo.training.callbacks import callbacks
 from kzoo.models.multi_worker_trainer_mixin import MultiWorkerTrainerMixin
 from kzoo.training.sharding import shard_by_data

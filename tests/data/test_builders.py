@@ -61,3 +61,22 @@ def test_unknown_name_lists_the_kzoo_datasets():
 def test_source_dir_is_for_kzoo_datasets_only(tmp_path):
     with pytest.raises(ValueError, match="kzoo datasets only"):
         load("mnist", "train", data_dir=tmp_path, source_dir=tmp_path)
+
+
+def test_a_changed_corpus_is_prepared_again_never_read_stale(tfds_dir, write_corpus):
+    """The prepared copy is keyed by the source files' SHA-256: a change (here an edited, then an
+    emptied input.txt, then another source folder) is never silently ignored."""
+    source = write_corpus({"tinyshakespeare/input.txt": "ROMEO: a" * 10})
+    data_dir = tfds_dir / "changed"
+
+    def text(split="train", source_dir=source):
+        return b"".join(example["text"] for example in load("kzoo_tiny_shakespeare", split, data_dir, source_dir=source_dir).as_numpy_iterator())
+
+    assert text() == ("ROMEO: a" * 10).encode()[:72]
+    (source / "tinyshakespeare" / "input.txt").write_text("JULIET: b" * 10, encoding="utf-8")
+    assert text() == ("JULIET: b" * 10).encode()[:81]
+    (source / "tinyshakespeare" / "input.txt").write_text("", encoding="utf-8")
+    with pytest.raises(corpora.DataFileError, match="input.txt"):
+        text()
+    other = write_corpus({"other/tinyshakespeare/input.txt": "HAMLET: c" * 10}) / "other"
+    assert text(source_dir=other) == ("HAMLET: c" * 10).encode()[:81]

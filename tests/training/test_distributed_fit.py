@@ -6,6 +6,7 @@ resumed run must start from scratch.
 """
 
 import contextlib
+import csv
 import json
 import os
 import signal
@@ -21,6 +22,7 @@ import pytest
 SCRIPT = Path(__file__).with_name("train_tiny_lm.py")
 REPOSITORY = SCRIPT.parents[2]
 TIMEOUT = 120
+DROPOUT = 0.1
 
 
 @contextlib.contextmanager
@@ -28,7 +30,7 @@ def launcher(tmp_path):
     """`start(mode, output_dir, name, **env)` runs the script; every process is killed on exit."""
     processes = []
 
-    def start(mode, output_dir, name, **env):
+    def start(mode, output_dir, name, dropout=0.0, **env):
         environment = {key: value for key, value in os.environ.items() if key != "TF_CONFIG"}
         environment.update(
             KERAS_BACKEND="tensorflow",
@@ -38,7 +40,7 @@ def launcher(tmp_path):
         )
         log = open(tmp_path / f"{name}.log", "w")
         process = subprocess.Popen(
-            [sys.executable, str(SCRIPT), mode, str(output_dir), str(tmp_path / f"{name}.npz")],
+            [sys.executable, str(SCRIPT), mode, str(output_dir), str(tmp_path / f"{name}.npz"), str(dropout)],
             cwd=REPOSITORY,
             env=environment,
             stdout=log,
@@ -139,21 +141,64 @@ def test_two_workers_train_like_one_device_and_only_the_chief_writes(single_devi
     assert os.listdir(worker_tmp) == []
 
 
-def test_run_killed_twice_mid_epoch_resumes_to_the_same_weights(single_device, tmp_path):
-    # 2 epochs of 6 steps, a backup every 2 steps: killed at step 9 (epoch
-    # 2, one step after the backup of step 8), then, resumed, at step 11.
+@pytest.fixture(scope="module")
+def with_dropout(tmp_path_factory):
+    """The reference of the kill tests: one uninterrupted run with dropout, and its output directory."""
+    tmp_path = tmp_path_factory.mktemp("dropout")
+    with launcher(tmp_path) as start:
+        weights = finish(start("single", tmp_path / "run", "single", dropout=DROPOUT), tmp_path)
+    return weights, tmp_path / "run"
+
+
+def read_history(output_dir):
+    with open(output_dir / "history.csv", newline="") as file:
+        return list(csv.DictReader(file))
+
+
+# 2 epochs of 6 steps, a backup every 2 steps (none at an epoch's last batch) and at
+# every epoch boundary; each case kills the run at these points in turn, resuming in
+# between, and then lets it finish. The first case visits every kind of point in one
+# run; the others (KZOO_SLOW=1) one at a time.
+KILL_POINTS = [
+    pytest.param(
+        ["train 3", "train 6", "validation 1 2", "train 9", "validation 2 1", "save"], id="at_every_kind_of_point"
+    ),
+    *[
+        pytest.param(points, id=name, marks=pytest.mark.slow)
+        for name, points in {
+            "mid_epoch_twice": ["train 9", "train 11"],
+            "after_an_epochs_last_batch": ["train 6"],
+            "after_the_last_batch_of_the_run": ["train 12"],
+            "just_after_an_epoch_boundary_backup": ["train 7"],
+            "during_validation": ["validation 1 2"],
+            "during_the_final_save": ["save"],
+        }.items()
+    ],
+]
+
+
+@pytest.mark.parametrize("points", KILL_POINTS)
+def test_a_killed_run_resumes_to_the_weights_and_history_of_an_uninterrupted_one(points, with_dropout, tmp_path):
     output_dir = tmp_path / "run"
     output_dir.mkdir()
     with launcher(tmp_path) as start:
-        for attempt, step in enumerate([9, 11]):
-            (output_dir / "pause_at").write_text(str(step))
-            process = start("single", output_dir, f"attempt{attempt}")
+        for attempt, point in enumerate(points):
+            (output_dir / "pause_at").write_text(point)
+            process = start("single", output_dir, f"attempt{attempt}", dropout=DROPOUT)
             wait_for(output_dir / "paused", process, tmp_path)
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
             (output_dir / "pause_at").unlink()
             (output_dir / "paused").unlink()
             assert (output_dir / "backup").exists()
-        weights = finish(start("single", output_dir, "last"), tmp_path)
-    assert_same_weights(weights, single_device[0])
+        weights = finish(start("single", output_dir, "last", dropout=DROPOUT), tmp_path)
+    reference_weights, reference_dir = with_dropout
+    assert_same_weights(weights, reference_weights)
+    history, reference = read_history(output_dir), read_history(reference_dir)
+    assert [row["epoch"] for row in history] == ["0", "1"]
+    for row, expected in zip(history, reference):
+        assert row.keys() == expected.keys()
+        for key in row:
+            assert float(row[key]) == pytest.approx(float(expected[key]), rel=1e-6, abs=1e-7), key
+    assert sorted(os.listdir(output_dir / "checkpoints")) == ["epoch_001.keras", "epoch_002.keras"]
     assert not (output_dir / "backup").exists()

@@ -1,22 +1,29 @@
 """Trains a tiny kzoo language model for the tests of `kzoo.training`, in its own process.
 
-    python train_tiny_lm.py {single,mirrored,multi_worker} OUTPUT_DIR WEIGHTS_FILE
+    python train_tiny_lm.py {single,mirrored,multi_worker} OUTPUT_DIR WEIGHTS_FILE [DROPOUT]
 
 - single: the default strategy, one CPU.
 - mirrored: `MirroredStrategy` over two logical CPUs, set before TensorFlow starts.
 - multi_worker: `MultiWorkerMirroredStrategy` from TF_CONFIG.
 
-Every mode trains the same model on the same global batches for `EPOCHS *
-STEPS_PER_EPOCH` steps with `kzoo.training.callbacks(OUTPUT_DIR, ...)`, then
-saves the weights to WEIGHTS_FILE (.npz). To stop the run at a given step for
-a kill, a test writes the step number to OUTPUT_DIR/pause_at: the run then
-writes OUTPUT_DIR/paused at that step and sleeps; the test removes pause_at
-before it restarts the same command.
+Every mode trains the same model (dropout DROPOUT, default 0) on the same
+global batches for `EPOCHS * STEPS_PER_EPOCH` steps, validating after each
+epoch, with `kzoo.training.callbacks(OUTPUT_DIR, ..., keep_backup=True)`, then
+saves the weights to WEIGHTS_FILE (.npz) and, as a recipe does once its files
+are written, deletes the backup.
+
+To stop the run at a given point for a kill, a test writes it to
+OUTPUT_DIR/pause_at: "train S" after training step S (1-based, over the whole
+run), "validation E B" after validation batch B of epoch E (both 1-based), or
+"save" after `fit`, before the weights file is written. The run then writes
+OUTPUT_DIR/paused there and sleeps; the test removes pause_at before it
+restarts the same command.
 """
 
 import contextlib
 import importlib.util
 import os
+import shutil
 import sys
 import time
 
@@ -34,7 +41,7 @@ STEPS_PER_EPOCH = 6
 BACKUP_FREQ = 2
 
 
-def main(mode, output_dir, weights_file):
+def main(mode, output_dir, weights_file, dropout="0"):
     # The machine running the tests is small and shared.
     tf.config.threading.set_inter_op_parallelism_threads(1)
     tf.config.threading.set_intra_op_parallelism_threads(1)
@@ -62,7 +69,7 @@ def main(mode, output_dir, weights_file):
         model = kzoo.models.GPTCausalLM(
             kzoo.models.GPTBackbone(
                 vocabulary_size=VOCABULARY_SIZE, num_layers=1, num_heads=2, hidden_dim=16,
-                intermediate_dim=32, max_sequence_length=SEQUENCE_LENGTH, dropout=0.0,
+                intermediate_dim=32, max_sequence_length=SEQUENCE_LENGTH, dropout=float(dropout),
             )
         )
         # A schedule on optimizer.iterations, the global step, which the backup
@@ -78,36 +85,52 @@ def main(mode, output_dir, weights_file):
             jit_compile=config.jit_compile,
         )
 
-    tokens = np.random.default_rng(0).integers(1, VOCABULARY_SIZE, (64, SEQUENCE_LENGTH + 1)).astype("int32")
-    stream = kzoo.training.shard_by_data(
-        tf.data.Dataset.from_tensor_slices(
+    def examples(tokens):
+        return tf.data.Dataset.from_tensor_slices(
             ({"token_ids": tokens[:, :-1], "padding_mask": np.ones_like(tokens[:, :-1])}, tokens[:, 1:])
         )
-        .repeat()
-        .shuffle(64, seed=1, reshuffle_each_iteration=False)
-        .batch(GLOBAL_BATCH_SIZE)
+
+    tokens = np.random.default_rng(0).integers(1, VOCABULARY_SIZE, (88, SEQUENCE_LENGTH + 1)).astype("int32")
+    stream = kzoo.training.shard_by_data(
+        examples(tokens[:64]).repeat().shuffle(64, seed=1, reshuffle_each_iteration=False).batch(GLOBAL_BATCH_SIZE)
     )
+    validation = kzoo.training.shard_by_data(examples(tokens[64:]).batch(GLOBAL_BATCH_SIZE))
+
+    def pause_if(point):
+        with contextlib.suppress(FileNotFoundError):  # Workers share the file.
+            if open(os.path.join(output_dir, "pause_at")).read() == point:
+                open(os.path.join(output_dir, "paused"), "w").close()
+                time.sleep(600)
 
     class PauseAt(keras.callbacks.Callback):
-        def on_train_batch_end(self, batch, logs=None):
-            pause_file = os.path.join(output_dir, "pause_at")
-            step = self.epoch * STEPS_PER_EPOCH + batch + 1
-            with contextlib.suppress(FileNotFoundError):  # Workers share the file.
-                if int(open(pause_file).read()) == step:
-                    open(os.path.join(output_dir, "paused"), "w").close()
-                    time.sleep(600)
-
         def on_epoch_begin(self, epoch, logs=None):
             self.epoch = epoch
+
+        def on_train_batch_end(self, batch, logs=None):
+            pause_if(f"train {self.epoch * STEPS_PER_EPOCH + batch + 1}")
+
+        def on_test_batch_end(self, batch, logs=None):
+            pause_if(f"validation {self.epoch + 1} {batch + 1}")
 
     callbacks = kzoo.training.callbacks(
         output_dir,
         config.strategy,
         backup_freq=BACKUP_FREQ,
         tensorboard=importlib.util.find_spec("tensorboard") is not None,
+        keep_backup=True,
     )
-    model.fit(stream, epochs=EPOCHS, steps_per_epoch=STEPS_PER_EPOCH, callbacks=callbacks + [PauseAt()], verbose=0)
+    model.fit(
+        stream,
+        epochs=EPOCHS,
+        steps_per_epoch=STEPS_PER_EPOCH,
+        validation_data=validation,
+        callbacks=callbacks + [PauseAt()],
+        verbose=0,
+    )
+    pause_if("save")
     np.savez(weights_file, *model.get_weights())
+    if kzoo.training.is_chief(config.strategy):
+        shutil.rmtree(os.path.join(output_dir, "backup"))
 
 
 if __name__ == "__main__":

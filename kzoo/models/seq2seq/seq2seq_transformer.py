@@ -164,6 +164,9 @@ class Seq2SeqTransformer(Task):
         >>> model = Seq2SeqTransformer.from_preset("transformer_tiny")
         >>> model.generate([[7, 8, 9], [4, 5]], start_token_id=5, max_new_tokens=6)
         """
+        vocabulary_size = self.backbone.vocabulary_size
+        generation.check_token_ids(encoder_token_ids, vocabulary_size, "encoder_token_ids")
+        generation.check_token_ids([start_token_id], vocabulary_size, "start_token_id")
         ragged = isinstance(encoder_token_ids, (list, tuple))
         if ragged:
             longest = max((len(row) for row in encoder_token_ids), default=0)
