@@ -261,7 +261,7 @@ def load(cls, path, kwargs):
     `num_classes`, defaults to the checkpoint's when it has that head); backbones take them as
     config overrides (e.g. `dropout`, `dtype`).
     """
-    from kzoo.models import hf_tokenizer  # noqa: PLC0415 (keras-hub tokenizers: only here)
+    from kzoo.models import hf_tokenizer  # keras-hub tokenizers: only here
 
     config = read_config(path)
     family = family_of(config, path)
@@ -367,7 +367,7 @@ def _weights_description(reader, path):
 def save(path, tensors, config, tokenizer_files=None):
     """Writes `config.json` and `model.safetensors` (and, through `tokenizer_files(path)`, the
     tokenizer) into a new folder `path`, replacing nothing: it is written beside and moved in."""
-    from safetensors.numpy import save_file  # noqa: PLC0415
+    from safetensors.numpy import save_file
 
     path = Path(path)
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
@@ -391,7 +391,7 @@ def save(path, tensors, config, tokenizer_files=None):
 
 def export_to_transformers(model, path):
     """Writes the kzoo backbone or task `model` as a Hugging Face folder; see `Backbone.export_to_transformers`."""
-    from kzoo.models import hf_tokenizer  # noqa: PLC0415
+    from kzoo.models import hf_tokenizer
 
     backbone = getattr(model, "backbone", model)
     family = next((f for f in FAMILIES.values() if isinstance(backbone, f.backbone_cls)), None)

@@ -167,7 +167,7 @@ def load_tokenizer(path, config=None, vocabulary_size=None):
         A `BertTokenizer` (BERT), a keras-hub `GPT2Tokenizer` or `BytePairTokenizer` (GPT-2),
         or None.
     """
-    from kzoo.models.hf_checkpoint import read_config  # noqa: PLC0415
+    from kzoo.models.hf_checkpoint import read_config
 
     path = Path(path)
     config = read_config(path) if config is None else config

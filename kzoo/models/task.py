@@ -179,7 +179,7 @@ class Task(MultiWorkerTrainerMixin, keras.Model):
         Returns:
             A dict of int32 tensors `(B, T)`, T the longest row.
         """
-        from kzoo.models import text_inputs  # noqa: PLC0415 (TensorFlow ops)
+        from kzoo.models import text_inputs  # TensorFlow ops
 
         if self.tokenizer is None:
             raise ValueError(f"This {type(self).__name__} has no tokenizer; pass `tokenizer=` or give token ids.")
@@ -194,7 +194,7 @@ class Task(MultiWorkerTrainerMixin, keras.Model):
         """`keras.Model.predict`; raw strings (a list of them, or one) are first
         tokenized with `preprocess` and the result goes through
         `predictions_from_outputs` (a classifier gives labels)."""
-        from kzoo.models import text_inputs  # noqa: PLC0415
+        from kzoo.models import text_inputs
 
         if not text_inputs.is_text(x):
             return super().predict(x, *args, **kwargs)
@@ -227,7 +227,7 @@ class Task(MultiWorkerTrainerMixin, keras.Model):
             config["backbone"] = keras.layers.deserialize(config["backbone"])
         if isinstance(config.get("tokenizer"), dict):
             # Registers kzoo's tokenizer classes (and imports keras-hub) only when needed.
-            from kzoo.models import hf_tokenizer  # noqa: F401, PLC0415
+            from kzoo.models import hf_tokenizer  # noqa: F401
 
             # The vocabulary comes after, from the file's assets (`load_assets`).
             config["tokenizer"] = keras.layers.deserialize(config["tokenizer"])

@@ -133,7 +133,7 @@ class GPTCausalLM(Task):
         >>> lm.generate([[72, 105], [84]], max_new_tokens=5)  # two continuations
         >>> lm.generate("ROMEO:", max_new_tokens=20)  # with a tokenizer: text
         """
-        from kzoo.models import text_inputs  # noqa: PLC0415 (TensorFlow ops)
+        from kzoo.models import text_inputs  # TensorFlow ops
 
         if text_inputs.is_text(prompts):
             if self.tokenizer is None:
