@@ -155,12 +155,12 @@ def main():
     peer = results["keras_hub_padded_48"]["mean_step_s"]
     for name, entry in results.items():
         entry["speedup_over_keras_hub"] = round(peer / entry["mean_step_s"], 2)
-    lengths = {str(bucketed): sorted({int(x["token_ids"].shape[1]) for x, _ in batches}) for bucketed, batches in data.items()}
-    report(
-        "finetune",
-        {"batch_size": BATCH_SIZE, "batches": args.batches, "rounds": args.rounds, "padded_lengths": lengths, "results": results},
-        args.out,
-    )
+    lengths = {
+        "bucketed" if bucketed else "padded_48": sorted({int(x["token_ids"].shape[1]) for x, _ in batches})
+        for bucketed, batches in data.items()
+    }
+    settings = {"batch_size": BATCH_SIZE, "batches": args.batches, "rounds": args.rounds, "padded_lengths": lengths}
+    report("finetune", {**settings, "results": results}, args.out)
 
 
 if __name__ == "__main__":

@@ -245,7 +245,9 @@ def load_checkpoint(args, run, backbone_cls):
         args.parser.error(f"--checkpoint {args.checkpoint}: {error}")
     backbone = getattr(model, "backbone", model)
     if not isinstance(backbone, backbone_cls):
-        args.parser.error(f"--checkpoint {args.checkpoint} holds a {type(backbone).__name__}, not a {backbone_cls.__name__}.")
+        args.parser.error(
+            f"--checkpoint {args.checkpoint} holds a {type(backbone).__name__}, not a {backbone_cls.__name__}."
+        )
     return backbone, tokenizer
 
 
@@ -267,7 +269,8 @@ def bucket_boundaries(args):
         boundaries = []
     if not boundaries or boundaries != sorted(set(boundaries)) or boundaries[0] < 1:
         args.parser.error(
-            f"--bucket-boundaries must be increasing positive lengths, e.g. 16,32, or none; received {args.bucket_boundaries}."
+            "--bucket-boundaries must be increasing positive lengths, e.g. 16,32, or none; "
+            f"received {args.bucket_boundaries}."
         )
     return boundaries
 

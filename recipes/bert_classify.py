@@ -42,7 +42,7 @@ DEFAULTS = dict(
     **_common.VOCABULARY_DEFAULTS,
 )
 # A pretrained encoder fine-tunes with a smaller learning rate, for fewer epochs.
-CHECKPOINT_DEFAULTS = dict(epochs=3, learning_rate=1e-4)
+CHECKPOINT_DEFAULTS = dict(epochs=2, learning_rate=1e-4)
 QUICK = dict(epochs=2, steps=16, batch_size=16, vocabulary_size=1000)
 BAG_OF_WORDS_VOCABULARY = 20_000
 BAG_OF_WORDS_LEARNING_RATE = 1e-3
@@ -52,7 +52,8 @@ def add_arguments(parser):
     parser.add_argument("--dataset", help="a dataset of (text, label) with train and test splits")
     parser.add_argument("--sequence-length", type=int, help="tokens per text, [CLS] and [SEP] included")
     parser.add_argument(
-        "--bucket-boundaries", help="comma-separated lengths to batch texts by, each batch padded to its longest; 'none' pads to --sequence-length"
+        "--bucket-boundaries",
+        help="comma-separated lengths to batch texts by, each batch padded to its bucket's; 'none': --sequence-length",
     )
     _common.add_vocabulary_arguments(parser)
     _common.add_checkpoint_argument(parser)

@@ -50,7 +50,7 @@ DEFAULTS = dict(
     **_common.VOCABULARY_DEFAULTS,
 )
 # A pretrained encoder fine-tunes with a smaller learning rate.
-CHECKPOINT_DEFAULTS = dict(epochs=8, learning_rate=2e-4, label_piece="first")
+CHECKPOINT_DEFAULTS = dict(epochs=5, learning_rate=2e-4, label_piece="first")
 QUICK = dict(epochs=2, steps=16, batch_size=16, **_common.VOCABULARY_QUICK, sequence_length=64)
 
 
@@ -59,7 +59,8 @@ def add_arguments(parser):
     parser.add_argument("--sequence-length", type=int, help="word pieces per sentence, [CLS] and [SEP] included")
     parser.add_argument("--label-piece", choices=("first", "last"), help="the word piece that carries a word's label")
     parser.add_argument(
-        "--bucket-boundaries", help="comma-separated lengths to batch sentences by, each batch padded to its longest; 'none' pads to --sequence-length"
+        "--bucket-boundaries",
+        help="comma-separated lengths to batch sentences by, each padded to its bucket's; 'none': --sequence-length",
     )
     _common.add_vocabulary_arguments(parser)
     _common.add_checkpoint_argument(parser)

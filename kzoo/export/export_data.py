@@ -114,7 +114,8 @@ def dataset_data(
         if "mask_positions" in names:
             batches = data.masked_lm_batches(
                 _texts(load(split)), tokenizer, length, rows,
-                vocabulary_size=vocabulary_size, shuffle_buffer_size=shuffle_buffer_size, seed=seed, **special, **masking,
+                vocabulary_size=vocabulary_size, shuffle_buffer_size=shuffle_buffer_size, seed=seed,
+                **special, **masking,
             )
         elif task == "classifier":
             batches = data.classification_batches(

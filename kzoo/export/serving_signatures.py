@@ -63,7 +63,7 @@ def classifier_special_ids(tokenizer):
     from kzoo.models import text_inputs
 
     try:
-        return text_inputs.special_token_id(tokenizer, "cls_token"), text_inputs.special_token_id(tokenizer, "sep_token")
+        return tuple(text_inputs.special_token_id(tokenizer, name) for name in ("cls_token", "sep_token"))
     except ValueError:  # e.g. a character tokenizer
         return CLS_ID, SEP_ID
 

@@ -6,7 +6,8 @@ Weights are read with the `safetensors` package into NumPy: loading never needs 
 
 Each model family (`kzoo/models/bert/bert_hf.py`, `kzoo/models/gpt/gpt_hf.py`) registers a
 `Family`: which `model_type` it reads, how a `config.json` becomes kzoo constructor arguments
-and back, and a list of `TensorMap`s pairing Hugging Face tensor names with kzoo variables. The same maps serve reading and writing, so the two directions cannot drift apart.
+and back, and a list of `TensorMap`s pairing Hugging Face tensor names with kzoo variables.
+The same maps serve reading and writing, so the two directions cannot drift apart.
 
 Loading is all or nothing: every tensor of the checkpoint is read and checked (present, shaped
 as the config says) before any weight is set, all problems are reported together with the file
@@ -285,7 +286,9 @@ def load(cls, path, kwargs):
         if head_in_checkpoint:
             task_kwargs = {**head.task_config(config), **task_kwargs}
         if "tokenizer" not in task_kwargs:
-            task_kwargs["tokenizer"] = hf_tokenizer.load_tokenizer(path, config, vocabulary_size=backbone.vocabulary_size)
+            task_kwargs["tokenizer"] = hf_tokenizer.load_tokenizer(
+                path, config, vocabulary_size=backbone.vocabulary_size
+            )
         model = cls(backbone=backbone, **task_kwargs)
     else:
         model = backbone
@@ -296,8 +299,8 @@ def load(cls, path, kwargs):
     )
     if head_maps and not head_in_checkpoint:
         warnings.warn(
-            f"{path} holds no {head.architectures[0]} head (its architectures: {architectures}): the head of {cls.__name__} "
-            "is newly initialized; fine-tune it before use.",
+            f"{path} holds no {head.architectures[0]} head (its architectures: {architectures}): "
+            f"the head of {cls.__name__} is newly initialized; fine-tune it before use.",
             stacklevel=3,
         )
     return model

@@ -336,7 +336,8 @@ def _write_byte_pair(tokenizer, folder):
     specials = {}
     if GPT2_END_OF_TEXT in vocabulary:
         specials = {key: GPT2_END_OF_TEXT for key in ("bos_token", "eos_token", "unk_token")}
-    _write_json(folder / TOKENIZER_CONFIG_FILE, {"tokenizer_class": "GPT2Tokenizer", "add_prefix_space": False, **specials})
+    settings = {"tokenizer_class": "GPT2Tokenizer", "add_prefix_space": False, **specials}
+    _write_json(folder / TOKENIZER_CONFIG_FILE, settings)
     _write_json(folder / SPECIAL_TOKENS_FILE, specials)
 
 

@@ -13,7 +13,8 @@ WORDS = (
     "hello world , . ! ? ' - ( ) 東 京 é ##s ##ing ##ed ##ly un ##e ##r ##t ##o ##n"
 ).split()
 CHARACTERS = list("abcdefghijklmnopqrstuvwxyz0123456789")
-VOCABULARY = list(dict.fromkeys(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS, *CHARACTERS, *(f"##{c}" for c in CHARACTERS)]))
+SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+VOCABULARY = list(dict.fromkeys([*SPECIAL_TOKENS, *WORDS, *CHARACTERS, *(f"##{c}" for c in CHARACTERS)]))
 # The GPT-2 tokenizer is a byte-level BPE trained on this text by `tokenizers`.
 BPE_TEXT = (
     "ROMEO: But soft, what light through yonder window breaks? It is the east, and Juliet is the sun. "
@@ -74,7 +75,9 @@ def write_gpt2(folder, architecture, seed=0, **config):
 
     Path(folder).mkdir(parents=True, exist_ok=True)
     bpe = tokenizers.ByteLevelBPETokenizer()
-    bpe.train_from_iterator([BPE_TEXT], vocab_size=400, min_frequency=2, special_tokens=["<|endoftext|>"], show_progress=False)
+    bpe.train_from_iterator(
+        [BPE_TEXT], vocab_size=400, min_frequency=2, special_tokens=["<|endoftext|>"], show_progress=False
+    )
     bpe.save_model(str(folder))
     end_of_text = bpe.token_to_id("<|endoftext|>")
     torch.manual_seed(seed)
@@ -90,7 +93,8 @@ def write_gpt2(folder, architecture, seed=0, **config):
     model = getattr(transformers, architecture)(transformers.GPT2Config(**{**settings, **config})).eval()
     model.save_pretrained(folder)
     bpe.save(str(Path(folder) / "tokenizer.json"))
-    settings = {"tokenizer_class": "GPT2Tokenizer", **{key: "<|endoftext|>" for key in ("bos_token", "eos_token", "unk_token")}}
+    settings = {"tokenizer_class": "GPT2Tokenizer"}
+    settings.update({key: "<|endoftext|>" for key in ("bos_token", "eos_token", "unk_token")})
     (Path(folder) / "tokenizer_config.json").write_text(json.dumps(settings), encoding="utf-8")
     return model
 

@@ -124,7 +124,9 @@ def test_a_classifier_on_a_base_checkpoint_gets_a_new_head(bert_folders):
         np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
 
 
-@pytest.mark.parametrize("cls, architecture", [(kzoo.models.GPTBackbone, "GPT2Model"), (kzoo.models.GPTCausalLM, "GPT2LMHeadModel")])
+@pytest.mark.parametrize(
+    "cls, architecture", [(kzoo.models.GPTBackbone, "GPT2Model"), (kzoo.models.GPTCausalLM, "GPT2LMHeadModel")]
+)
 def test_gpt2_matches_transformers(gpt2_folders, cls, architecture):
     folder, reference = gpt2_folders[architecture]
     with warnings.catch_warnings():
@@ -167,13 +169,20 @@ def expected_names(folder):
     "cls, architecture, prefix, unused",
     [
         (kzoo.models.BertBackbone, "BertModel", "", set()),
-        (kzoo.models.BertMaskedLM, "BertForPreTraining", "bert.", {"cls.seq_relationship.weight", "cls.seq_relationship.bias"}),
+        (
+            kzoo.models.BertMaskedLM,
+            "BertForPreTraining",
+            "bert.",
+            {"cls.seq_relationship.weight", "cls.seq_relationship.bias"},
+        ),
         (kzoo.models.BertClassifier, "BertForSequenceClassification", "bert.", set()),
         (kzoo.models.GPTBackbone, "GPT2Model", "", set()),
         (kzoo.models.GPTCausalLM, "GPT2LMHeadModel", "transformer.", set()),
     ],
 )
-def test_the_name_maps_cover_every_tensor_and_every_weight(bert_folders, gpt2_folders, cls, architecture, prefix, unused):
+def test_the_name_maps_cover_every_tensor_and_every_weight(
+    bert_folders, gpt2_folders, cls, architecture, prefix, unused
+):
     """Every tensor of the checkpoint has exactly one kzoo weight set from it, every kzoo weight
     is set from a tensor, and each map's two directions are inverses (checked on the real values)."""
     folder, _ = {**bert_folders, **gpt2_folders}[architecture]
@@ -234,7 +243,10 @@ def word_pieces():
     [
         (lambda: bert_backbone(), "AutoModel"),
         (lambda: kzoo.models.BertMaskedLM(bert_backbone(), tokenizer=word_pieces()), "AutoModelForMaskedLM"),
-        (lambda: kzoo.models.BertClassifier(bert_backbone(), 4, tokenizer=word_pieces()), "AutoModelForSequenceClassification"),
+        (
+            lambda: kzoo.models.BertClassifier(bert_backbone(), 4, tokenizer=word_pieces()),
+            "AutoModelForSequenceClassification",
+        ),
         (lambda: kzoo.models.BertTokenClassifier(bert_backbone(), 5), "AutoModelForTokenClassification"),
         (lambda: gpt_backbone(), "AutoModel"),
         (lambda: kzoo.models.GPTCausalLM(gpt_backbone()), "AutoModelForCausalLM"),
@@ -257,11 +269,13 @@ def test_written_checkpoints_load_in_transformers_with_the_same_outputs(tmp_path
     with torch.no_grad():
         expected = reference(**torch_inputs(ids, mask, segment_ids if is_bert else None))
     if auto == "AutoModel":
-        assert max_difference(outputs["sequence_output"] if is_bert else outputs, expected.last_hidden_state, mask) <= TOLERANCE
+        sequence_output = outputs["sequence_output"] if is_bert else outputs
+        assert max_difference(sequence_output, expected.last_hidden_state, mask) <= TOLERANCE
         if is_bert:
             assert max_difference(outputs["pooled_output"], expected.pooler_output) <= TOLERANCE
     elif isinstance(model, kzoo.models.BertMaskedLM):
-        assert max_difference(outputs, np.take_along_axis(expected.logits.numpy(), positions[..., None], 1)) <= TOLERANCE
+        masked = np.take_along_axis(expected.logits.numpy(), positions[..., None], 1)
+        assert max_difference(outputs, masked) <= TOLERANCE
     elif isinstance(model, kzoo.models.BertClassifier):
         assert max_difference(outputs, expected.logits) <= TOLERANCE
     else:
@@ -338,7 +352,8 @@ def test_a_damaged_safetensors_file_is_named(tmp_path, bert_folders, damage):
     weights = folder / "model.safetensors"
     data = weights.read_bytes()
     weights.write_bytes(data[: len(data) // 2] if damage == "truncate" else data[:8] + b"{not json" + data[17:])
-    with pytest.raises(CheckpointError, match=r"model.safetensors is not a readable safetensors file.*truncated or corrupt"):
+    message = r"model.safetensors is not a readable safetensors file.*truncated or corrupt"
+    with pytest.raises(CheckpointError, match=message):
         kzoo.models.BertBackbone.from_preset(str(folder))
 
 
@@ -369,7 +384,8 @@ def test_a_shape_that_disagrees_with_the_config(tmp_path, bert_folders):
     folder = copy_folder(bert_folders["BertModel"][0], tmp_path / "shape")
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "intermediate_size": 40}))
-    with pytest.raises(CheckpointError, match=r"'encoder.layer.0.intermediate.dense.weight' has shape \[37, 32\]; the config gives \[40, 32\]"):
+    message = r"'encoder.layer.0.intermediate.dense.weight' has shape \[37, 32\]; the config gives \[40, 32\]"
+    with pytest.raises(CheckpointError, match=message):
         kzoo.models.BertBackbone.from_preset(str(folder))
 
 
@@ -386,7 +402,9 @@ def test_a_tokenizer_larger_than_the_vocabulary_is_refused(tmp_path, bert_folder
     folder = copy_folder(bert_folders["BertForMaskedLM"][0], tmp_path / "vocab", skip=("tokenizer.json",))
     with open(folder / "vocab.txt", "a", encoding="utf-8") as file:
         file.write("extra1\nextra2\n")
-    with pytest.raises(CheckpointError, match=rf"vocab.txt has {len(hf_folders.VOCABULARY) + 2} tokens, but the model's vocab_size .* is {len(hf_folders.VOCABULARY)}"):
+    size = len(hf_folders.VOCABULARY)
+    message = rf"vocab.txt has {size + 2} tokens, but the model's vocab_size .* is {size}"
+    with pytest.raises(CheckpointError, match=message):
         load_quietly(kzoo.models.BertMaskedLM, folder)
 
 

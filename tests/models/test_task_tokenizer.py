@@ -96,12 +96,13 @@ def gpt2_folder(tmp_path_factory):
 
 def test_byte_level_bpe_gives_the_ids_of_hf_tokenizers(gpt2_folder):
     ours = hf_tokenizer.load_tokenizer(gpt2_folder)
-    texts = [*SENTENCES, "ROMEO: But soft!", "  leading and trailing  ", "it's they're we've I'm", "a\n\nb <|endoftext|>"]
+    texts = [*SENTENCES, "ROMEO: But soft!", "  leading and trailing  ", "it's they're I'm", "a\n\nb <|endoftext|>"]
     for text in texts:
         assert np.asarray(ours(text)).tolist() == reference_ids(gpt2_folder / "tokenizer.json", text), text
     # And in a graph (tf.data), where keras-hub runs its TensorFlow path.
     dataset = tf.data.Dataset.from_tensor_slices(texts).map(ours)
-    assert [ids.numpy().tolist() for ids in dataset] == [reference_ids(gpt2_folder / "tokenizer.json", t) for t in texts]
+    expected = [reference_ids(gpt2_folder / "tokenizer.json", text) for text in texts]
+    assert [ids.numpy().tolist() for ids in dataset] == expected
     # vocab.json + merges.txt alone read the same.
     (gpt2_folder / "tokenizer.json").rename(gpt2_folder / "tokenizer.json.off")
     try:
@@ -168,7 +169,8 @@ def test_a_classifier_predicts_labels_from_text_and_keeps_its_tokenizer(tmp_path
 
 
 def test_a_language_model_generates_text_and_keeps_its_tokenizer(tmp_path):
-    lm = kzoo.models.GPTCausalLM(kzoo.models.GPTBackbone.from_preset("gpt_tiny"), tokenizer=kzoo.data.character_tokenizer(256))
+    backbone = kzoo.models.GPTBackbone.from_preset("gpt_tiny")
+    lm = kzoo.models.GPTCausalLM(backbone, tokenizer=kzoo.data.character_tokenizer(256))
     text = lm.generate("ROMEO:", max_new_tokens=8)
     ids = lm.generate([[ord(c) for c in "ROMEO:"]], max_new_tokens=8)[0]
     assert text == "".join(map(chr, ids)) and text.startswith("ROMEO:") and len(text) == 14
@@ -199,7 +201,8 @@ def test_ids_in_and_out_without_a_tokenizer():
 
 def test_a_tokenizer_larger_than_the_backbone_is_refused():
     tokenizer = hf_tokenizer.BertTokenizer(hf_folders.VOCABULARY)
-    with pytest.raises(ValueError, match=f"tokenizer has {len(hf_folders.VOCABULARY)} tokens but the backbone embeds 50"):
+    message = f"tokenizer has {len(hf_folders.VOCABULARY)} tokens but the backbone embeds 50"
+    with pytest.raises(ValueError, match=message):
         kzoo.models.BertClassifier(tiny_bert(50), 2, tokenizer=tokenizer)
 
 
@@ -215,3 +218,13 @@ def test_is_text():
     assert not text_inputs.is_text([[1, 2]]) and not text_inputs.is_text(np.ones((1, 2), "int32"))
     assert not text_inputs.is_text({"token_ids": np.ones((1, 2))}) and not text_inputs.is_text([])
     assert keras.ops.is_tensor(tf.constant(["a"])) and text_inputs.is_text(tf.constant(["a"]))
+
+
+def test_a_classifier_written_as_a_hugging_face_folder_reads_back_with_its_tokenizer(tmp_path):
+    tokenizer = hf_tokenizer.BertTokenizer(hf_folders.VOCABULARY, lowercase=True)
+    classifier = kzoo.models.BertClassifier(tiny_bert(len(hf_folders.VOCABULARY)), 3, tokenizer=tokenizer)
+    texts = ["a fine film", "The movie was DULL!", "crème brûlée"]
+    classifier.export_to_transformers(tmp_path / "folder")
+    again = kzoo.models.BertClassifier.from_preset(str(tmp_path / "folder"))
+    assert again.num_classes == 3 and again.tokenizer.lowercase
+    np.testing.assert_array_equal(again.predict(texts, verbose=0), classifier.predict(texts, verbose=0))

@@ -36,7 +36,8 @@ def backbone_config(config, read):
         raise hf_checkpoint.CheckpointError(
             f"config.json field 'hidden_act' is {hidden_act!r}; kzoo's BERT runs {sorted(ACTIVATIONS)}."
         )
-    for key, allowed in (("position_embedding_type", "absolute"), ("is_decoder", False), ("add_cross_attention", False)):
+    fixed = (("position_embedding_type", "absolute"), ("is_decoder", False), ("add_cross_attention", False))
+    for key, allowed in fixed:
         if read(key, allowed) != allowed:
             raise hf_checkpoint.CheckpointError(
                 f"config.json field {key!r} is {read(key)!r}; kzoo's BERT supports only {allowed!r}."
