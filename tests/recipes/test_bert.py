@@ -1,5 +1,6 @@
 """bert_pretrain.py, then bert_classify.py and bert_tag.py from scratch and from its output."""
 
+import argparse
 import json
 
 import bert_classify
@@ -35,6 +36,29 @@ def test_classify_from_scratch_beside_the_bag_of_words_baseline(run_recipe):
     metrics = record["metrics"]
     assert metrics["bert_initialization"] == "random"
     assert 0 <= metrics["bert_test_accuracy"] <= 1 and 0 <= metrics["bag_of_words_test_accuracy"] <= 1
+
+
+def test_classify_from_a_hugging_face_checkpoint(run_recipe, tmp_path):
+    """`--checkpoint DIR`: a Hugging Face BERT folder's weights and tokenizer; the saved
+    classifier carries the tokenizer and takes text."""
+    from tests.models import hf_folders
+
+    folder = tmp_path / "bert"
+    hf_folders.write_bert(folder, "BertModel")
+    output_dir, record = run_recipe(bert_classify, "--checkpoint", str(folder), "--sequence-length", "32")
+    assert record["metrics"]["bert_initialization"] == f"checkpoint: {folder}"
+    assert record["settings"]["learning_rate"] == bert_classify.CHECKPOINT_DEFAULTS["learning_rate"]
+    classifier = keras.saving.load_model(output_dir / "model.keras", compile=False)
+    assert classifier.tokenizer.get_vocabulary() == hf_folders.VOCABULARY
+    labels = classifier.predict(["a fine film", "dull"], verbose=0)
+    assert labels.shape == (2,) and set(labels.tolist()) <= {0, 1}
+
+
+def test_minilm_names_the_packaged_folder():
+    import _common
+
+    folder = _common.checkpoint_dir(argparse.Namespace(checkpoint="minilm"))
+    assert (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
 
 
 def test_tag_named_entities_from_the_pretrained_backbone(run_recipe, pretrained):
