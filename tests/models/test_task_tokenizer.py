@@ -64,7 +64,7 @@ def test_minilm_tokenizer_gives_the_ids_of_hf_tokenizers(minilm_tokenizer):
 
 def test_the_same_ids_in_a_batch_and_inside_tf_data(minilm_tokenizer):
     one_by_one = [np.asarray(minilm_tokenizer(text)).tolist() for text in SENTENCES]
-    assert minilm_tokenizer(SENTENCES).to_list() == one_by_one
+    assert minilm_tokenizer(SENTENCES) == one_by_one
     dataset = tf.data.Dataset.from_tensor_slices(SENTENCES).map(minilm_tokenizer)
     assert [ids.numpy().tolist() for ids in dataset] == one_by_one
 
