@@ -50,7 +50,7 @@ DEFAULTS = dict(
     **_common.VOCABULARY_DEFAULTS,
 )
 # A pretrained encoder fine-tunes with a smaller learning rate.
-CHECKPOINT_DEFAULTS = dict(epochs=5, learning_rate=2e-4, label_piece="first")
+CHECKPOINT_DEFAULTS = dict(epochs=3, learning_rate=2e-4, label_piece="first")
 QUICK = dict(epochs=2, steps=16, batch_size=16, **_common.VOCABULARY_QUICK, sequence_length=64)
 
 
