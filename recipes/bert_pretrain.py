@@ -13,8 +13,8 @@ of spa-eng averages 9 tokens), and padded one to a row they filled 15 of its 64 
 packing puts ~4x the tokens and masked targets into each step for the same cost. A seeded 2%
 of the texts is held out to validate on (packed the same way).
 
-Saves `model.keras` and the tokenizer (`tokenizer.json`, `vocabulary.txt`) into the output
-folder; `--pretrained` of the fine-tuning recipes reads that folder.
+Saves `model.keras`, which carries its tokenizer, into the output folder; `--checkpoint` (or
+`--pretrained`) of the fine-tuning recipes reads that folder.
 """
 
 import argparse
@@ -99,11 +99,11 @@ def main(argv=None):
             vocabulary_size=tokenizer.vocabulary_size(),
             max_sequence_length=max(args.max_sequence_length, args.sequence_length),
         )
-        model = kzoo.models.BertMaskedLM(backbone)
+        model = kzoo.models.BertMaskedLM(backbone, tokenizer=tokenizer)
         _common.compile_task(model, args, steps_per_epoch, run.jit_compile)
     history = run.fit(model, train.repeat(), steps_per_epoch, validation_data=validation)
 
-    run.save(model, tokenizer)
+    run.save(model)
     metrics = {
         "validation_masked_accuracy": history["val_accuracy"][-1],
         "validation_masked_perplexity": history["val_perplexity"][-1],
@@ -143,17 +143,13 @@ def _text(value):
 def backbone_and_tokenizer(args, run, texts, lowercase=True):
     """The backbone and tokenizer a fine-tuning recipe starts from.
 
-    With `--pretrained DIR`: those of the `bert_pretrain.py` run in DIR. Otherwise a new
-    `--preset` backbone and a WordPiece vocabulary of `--vocabulary-size` fitted on `texts`
-    (the fine-tuning training text).
+    With `--checkpoint`: the pretrained backbone and its tokenizer (`_common.load_checkpoint`:
+    MiniLM, a Hugging Face folder or a `bert_pretrain.py` run). Otherwise a new `--preset`
+    backbone and a WordPiece vocabulary of `--vocabulary-size` fitted on `texts` (the
+    fine-tuning training text).
     """
-    if args.pretrained:
-        try:
-            with run.scope():
-                backbone = keras.saving.load_model(f"{args.pretrained}/{_common.MODEL_FILE}", compile=False).backbone
-            tokenizer = kzoo.data.load_tokenizer(args.pretrained)
-        except (OSError, ValueError) as error:
-            args.parser.error(f"--pretrained {args.pretrained} is not a bert_pretrain.py output folder: {error}")
+    if args.checkpoint:
+        backbone, tokenizer = _common.load_checkpoint(args, run, kzoo.models.BertBackbone)
         if args.sequence_length > backbone.max_sequence_length:
             args.parser.error(
                 f"--sequence-length {args.sequence_length} exceeds the pretrained backbone's "

@@ -1,14 +1,17 @@
 """BERT token tagging: UPOS on UD English-EWT (accuracy) and named entities on WNUT-17 (entity F1).
 
     python recipes/bert_tag.py                                   # both tasks, bert_tiny from scratch
-    python recipes/bert_tag.py --pretrained runs/bert_pretrain   # from a bert_pretrain.py run
+    python recipes/bert_tag.py --checkpoint minilm               # fine-tune all-MiniLM-L6-v2
+    python recipes/bert_tag.py --checkpoint runs/bert_pretrain   # from a bert_pretrain.py run
     python recipes/bert_tag.py --tasks ner --quick               # one task, a smoke run
 
-Fine-tunes one `kzoo.models.BertTokenClassifier` per task. Each word's label sits on its
-last word piece, where its suffix is (`--label-piece first` for BERT's usual first piece:
-UPOS dev 0.857 against 0.875 from one earlier pretraining); its other pieces, [CLS], [SEP] and
-padding weigh 0 in the loss and the metrics (`kzoo.data.tagging_batches`), so the accuracy
-counts each word once.
+Fine-tunes one `kzoo.models.BertTokenClassifier` per task, from scratch or from
+`--checkpoint` (see `bert_classify.py`; its settings: `CHECKPOINT_DEFAULTS`). Each word's
+label sits on one word piece: from scratch its last, where its suffix is (`--label-piece
+first` for BERT's usual first piece: UPOS dev 0.857 against 0.875 from one earlier
+pretraining), from a checkpoint its first; its other pieces, [CLS], [SEP] and padding weigh 0
+in the loss and the metrics (`kzoo.data.tagging_batches`), so the accuracy counts each word
+once. Batches are padded to their longest sentence (`--bucket-boundaries`).
 
 - upos: trains on the EWT training subset, reports word accuracy on the dev set
   (`validation`), evaluated after each epoch.
@@ -43,9 +46,11 @@ DEFAULTS = dict(
     tasks="upos,ner",
     sequence_length=128,
     label_piece="last",
+    bucket_boundaries="16,32,48,64",
     **_common.VOCABULARY_DEFAULTS,
-    pretrained=None,
 )
+# A pretrained encoder fine-tunes with a smaller learning rate.
+CHECKPOINT_DEFAULTS = dict(epochs=3, learning_rate=2e-4, label_piece="first")
 QUICK = dict(epochs=2, steps=16, batch_size=16, **_common.VOCABULARY_QUICK, sequence_length=64)
 
 
@@ -53,12 +58,16 @@ def add_arguments(parser):
     parser.add_argument("--tasks", help=f"comma-separated tasks: {', '.join(TASKS)}")
     parser.add_argument("--sequence-length", type=int, help="word pieces per sentence, [CLS] and [SEP] included")
     parser.add_argument("--label-piece", choices=("first", "last"), help="the word piece that carries a word's label")
+    parser.add_argument(
+        "--bucket-boundaries",
+        help="comma-separated lengths to batch sentences by, each padded to its bucket's; 'none': --sequence-length",
+    )
     _common.add_vocabulary_arguments(parser)
-    parser.add_argument("--pretrained", help="the output folder of a bert_pretrain.py run to start from")
+    _common.add_checkpoint_argument(parser)
 
 
 def main(argv=None):
-    args = _common.parse_args(argv, __file__, __doc__, DEFAULTS, QUICK, add_arguments)
+    args = _common.parse_args(argv, __file__, __doc__, DEFAULTS, QUICK, add_arguments, CHECKPOINT_DEFAULTS)
     tasks = args.tasks.split(",")
     unknown = sorted(set(tasks) - set(TASKS))
     if unknown:
@@ -84,17 +93,24 @@ def train_tagger(args, run, task):
 
     def batches(split, **shuffle):
         return kzoo.data.tagging_batches(
-            splits[split], tokenizer, args.sequence_length, args.batch_size, label_piece=args.label_piece, **shuffle
+            splits[split],
+            tokenizer,
+            args.sequence_length,
+            args.batch_size,
+            label_piece=args.label_piece,
+            bucket_boundaries=_common.bucket_boundaries(args),
+            **_common.bert_special_ids(tokenizer),
+            **shuffle,
         )
 
     num_tags = 1 + int(max(max(tags) for _, tags in splits["train"].as_numpy_iterator()))
     steps_per_epoch = _common.steps_per_epoch(args, math.ceil(len(sentences) / args.batch_size))
     with run.scope():
-        tagger = kzoo.models.BertTokenClassifier(backbone, num_tags)
+        tagger = kzoo.models.BertTokenClassifier(backbone, num_tags, tokenizer=tokenizer)
         _common.compile_task(tagger, args, steps_per_epoch, run.jit_compile)
     train = batches("train", shuffle_buffer_size=len(sentences), seed=args.seed).repeat()
     history = run.fit(tagger, train, steps_per_epoch, batches(spec["validation"]), name=task)
-    run.save(tagger, tokenizer, name=task)
+    run.save(tagger, name=task)
 
     metrics = {f"{spec['validation']}_accuracy": history["val_accuracy"][-1]}
     for split in spec.get("entity_splits", ()):

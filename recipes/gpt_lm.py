@@ -11,15 +11,13 @@ the loss is in nats per character. Training windows start at every character, sh
 `--seed`; validation windows tile the validation text.
 
 After training it continues `--prompt` with `generate` (top-k sampling), saves `model.keras`
-and the tokenizer (`tokenizer.json`) into the output folder, reloads both and checks that
-the reloaded model gives the same logits and the same sample, and plots the attention of
-every head of the last block over the start of the sample (`attention.png`). The model has
+(which carries its tokenizer) into the output folder, reloads it and checks that the
+reloaded model gives the same logits and the same sample, and plots the attention of every
+head of the last block over the start of the sample (`attention.png`). The model has
 `--sequence-length` positions, the length it was trained on. To use the model later:
 
     lm = keras.saving.load_model("runs/gpt_lm/model.keras", compile=False)  # after `import kzoo`
-    tokenizer = kzoo.data.load_tokenizer("runs/gpt_lm")
-    ids = lm.generate([tokenizer("ROMEO:").tolist()], max_new_tokens=100, sampler="top_k")
-    print(tokenizer.detokenize(ids[0]))
+    print(lm.generate("ROMEO:", max_new_tokens=100, sampler="top_k"))
 """
 
 import math
@@ -85,7 +83,7 @@ def main(argv=None):
     run = _common.start(args)
     with run.scope():
         lm = language_model(args)
-    tokenizer = kzoo.data.character_tokenizer(lm.backbone.vocabulary_size)
+    tokenizer = lm.tokenizer
     prompt_ids = np.asarray(tokenizer(args.prompt)).tolist()
     if len(prompt_ids) + args.sample_length > args.sequence_length:
         args.parser.error(f"--prompt plus --sample-length must fit in --sequence-length {args.sequence_length}.")
@@ -106,7 +104,7 @@ def main(argv=None):
     sample = continue_prompt(lm, tokenizer, prompt_ids, args)
     print(f"\nSample ({args.preset}, top-{TOP_K}):\n{sample}\n")
 
-    model_path = run.save(lm, tokenizer)
+    model_path = run.save(lm)
     reload_check = check_reload(lm, model_path, validation_windows, prompt_ids, sample, args)
     if run.is_chief:
         plot_attention(lm, tokenizer, sample[:ATTENTION_CHARACTERS], run.path("attention.png"))
@@ -125,12 +123,12 @@ def main(argv=None):
 
 
 def language_model(args):
-    """The `--preset` GPT with `--dropout`, and as many positions as `--sequence-length`:
-    positions past the training windows would never be trained."""
+    """The `--preset` GPT with `--dropout`, and as many positions as `--sequence-length`
+    (positions past the training windows would never be trained), with its character tokenizer."""
     backbone = kzoo.models.GPTBackbone.from_preset(
         args.preset, dropout=args.dropout, max_sequence_length=args.sequence_length
     )
-    return kzoo.models.GPTCausalLM(backbone)
+    return kzoo.models.GPTCausalLM(backbone, tokenizer=kzoo.data.character_tokenizer(backbone.vocabulary_size))
 
 
 def gpt_inputs(inputs, targets):
@@ -157,13 +155,13 @@ def plot_attention(lm, tokenizer, text, path):
 
 
 def check_reload(lm, model_path, validation_windows, prompt_ids, sample, args):
-    """Reloads the model and tokenizer as a user would; raises unless the logits agree.
+    """Reloads the model (and the tokenizer it carries) as a user would; raises unless the logits agree.
 
     Returns:
         `{"reload_max_abs_logit_difference", "reload_same_sample"}`.
     """
     reloaded = keras.saving.load_model(model_path, compile=False)
-    tokenizer = kzoo.data.load_tokenizer(model_path.parent)
+    tokenizer = reloaded.tokenizer
     x, _ = gpt_inputs(*next(iter(validation_windows)))
     difference = float(np.max(np.abs(lm.predict_on_batch(x) - reloaded.predict_on_batch(x))))
     if difference > 1e-4:

@@ -24,7 +24,7 @@ model's number of positions; longer pairs are cut as `conditional_lm_batches` do
 the default, 64, that is about 0.2% of the training pairs). To use the model later:
 
     lm = keras.saving.load_model("runs/gpt_translate/model.keras", compile=False)  # after `import kzoo`
-    tokenizer = kzoo.data.load_tokenizer("runs/gpt_translate")
+    tokenizer = lm.tokenizer  # the model carries it
     prompts = kzoo.data.conditional_lm_prompts(["I like cats."], tokenizer, 64)
     ids = lm.generate(prompts, stop_token_ids=[kzoo.data.tokenizers.EOS_ID])
     print(tokenizer.detokenize(ids[0][len(prompts[0]) : -1]))  # without the prompt and [EOS]
@@ -100,10 +100,10 @@ def main(argv=None):
             max_sequence_length=args.sequence_length,
             dropout=args.dropout,
         )
-        lm = kzoo.models.GPTCausalLM(backbone)
+        lm = kzoo.models.GPTCausalLM(backbone, tokenizer=tokenizer)
         _common.compile_task(lm, args, steps_per_epoch, run.jit_compile)
     history = run.fit(lm, train_batches, steps_per_epoch, validation_batches)
-    run.save(lm, tokenizer)
+    run.save(lm)
 
     test_sources, references = seq2seq_translate.test_pairs(splits["test"], args.evaluation_examples)
     hypotheses = translate(lm, tokenizer, test_sources, args.sequence_length, args.decode_batch_size)

@@ -103,7 +103,7 @@ def training_texts(args, train):
 def train_seq2seq(args, run, train, validation, source_length, target_length, lowercase):
     """Fits the shared WordPiece vocabulary and trains a `--preset` Transformer on the `(source, target)` pairs.
 
-    Uses the first `--train-examples` pairs, or all. Saves `model.keras` and the tokenizer
+    Uses the first `--train-examples` pairs, or all. Saves `model.keras` (with its tokenizer)
     into the output folder.
 
     Returns:
@@ -135,10 +135,10 @@ def train_seq2seq(args, run, train, validation, source_length, target_length, lo
             vocabulary_size=tokenizer.vocabulary_size(),
             max_sequence_length=max(source_length, target_length),
         )
-        model = kzoo.models.Seq2SeqTransformer(backbone)
+        model = kzoo.models.Seq2SeqTransformer(backbone, tokenizer=tokenizer)
         _common.compile_task(model, args, steps_per_epoch, run.jit_compile)
     history = run.fit(model, train_batches, steps_per_epoch, validation_batches)
-    run.save(model, tokenizer)
+    run.save(model)
     return model, tokenizer, history, steps_per_epoch
 
 

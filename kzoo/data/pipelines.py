@@ -218,6 +218,7 @@ def classification_batches(
     *,
     start_token_id=CLS_ID,
     end_token_id=SEP_ID,
+    bucket_boundaries=None,
     shuffle_buffer_size=None,
     seed=None,
     cache=True,
@@ -236,6 +237,11 @@ def classification_batches(
         batch_size: int.
         start_token_id: int or None (no start token).
         end_token_id: int or None (no end token).
+        bucket_boundaries: None to pad every batch to `sequence_length`, or a list of
+            increasing lengths: examples are grouped into buckets by length, and each batch is
+            padded to its bucket's length (the first boundary at or above its longest example,
+            else `sequence_length`). Short texts then spend little compute on padding, while the
+            batches keep a few shapes, each compiled once (XLA compiles per shape).
         shuffle_buffer_size: int or None (no shuffling).
         seed: int or None, the shuffle seed.
         cache: bool, keep tokenized examples in memory after the first pass.
@@ -244,7 +250,7 @@ def classification_batches(
     Returns:
         A `tf.data.Dataset` of `(x, label)`: `x` holds the BERT inputs `"token_ids"`,
         `"segment_ids"` (zeros) and `"padding_mask"` (True on real tokens), all
-        `[batch, sequence_length]`; the labels are `[batch]`.
+        `[batch, sequence_length]` (with buckets, `[batch, longest]`); the labels are `[batch]`.
 
     Example:
     >>> examples = tf.data.Dataset.from_tensor_slices((["a fine film", "dull"], [1, 0]))
@@ -260,7 +266,15 @@ def classification_batches(
     dataset = examples.map(encode, num_parallel_calls=_AUTOTUNE, deterministic=True)
     dataset = _cache_and_shuffle(dataset, cache, shuffle_buffer_size, seed)
     padded_shapes = ({key: [sequence_length] for key in _BERT_INPUTS}, [])
-    dataset = dataset.padded_batch(batch_size, padded_shapes=padded_shapes, drop_remainder=drop_remainder)
+    dataset = _batch_or_bucket(
+        dataset,
+        batch_size,
+        padded_shapes,
+        bucket_boundaries,
+        lambda x, _: tf.size(x["token_ids"]),
+        drop_remainder,
+        bucket_lengths=sequence_length,
+    )
     return dataset.prefetch(_AUTOTUNE)
 
 
@@ -274,6 +288,7 @@ def tagging_batches(
     end_token_id=SEP_ID,
     ignore_label=0,
     label_piece="first",
+    bucket_boundaries=None,
     shuffle_buffer_size=None,
     seed=None,
     cache=True,
@@ -300,6 +315,8 @@ def tagging_batches(
         ignore_label: int, the label of positions that are not a word's labelled piece; a
             valid class id by default (0), so a plain sparse cross-entropy accepts it, weighted 0.
         label_piece: "first" or "last", the piece of each word that carries its label.
+        bucket_boundaries: None, or increasing lengths to batch by (each batch padded to
+            its bucket's length); see `classification_batches`.
         shuffle_buffer_size: int or None (no shuffling).
         seed: int or None, the shuffle seed.
         cache: bool, keep tokenized examples in memory after the first pass.
@@ -343,11 +360,16 @@ def tagging_batches(
     dataset = examples.map(encode, num_parallel_calls=_AUTOTUNE, deterministic=True)
     dataset = _cache_and_shuffle(dataset, cache, shuffle_buffer_size, seed)
     shape = [sequence_length]
-    dataset = dataset.padded_batch(
+    padding_values = ({"token_ids": PAD_ID, "segment_ids": 0, "padding_mask": False}, ignore_label, 0.0)
+    dataset = _batch_or_bucket(
+        dataset,
         batch_size,
-        padded_shapes=({key: shape for key in _BERT_INPUTS}, shape, shape),
-        padding_values=({"token_ids": PAD_ID, "segment_ids": 0, "padding_mask": False}, ignore_label, 0.0),
-        drop_remainder=drop_remainder,
+        ({key: shape for key in _BERT_INPUTS}, shape, shape),
+        bucket_boundaries,
+        lambda x, *_: tf.size(x["token_ids"]),
+        drop_remainder,
+        padding_values,
+        bucket_lengths=sequence_length,
     )
     return dataset.prefetch(_AUTOTUNE)
 
@@ -674,15 +696,34 @@ def _wrap(values, max_length, start=None, end=None):
     return tf.concat([*prefix, values, *suffix], axis=0)
 
 
-def _batch_or_bucket(dataset, batch_size, padded_shapes, bucket_boundaries, element_length, drop_remainder):
+def _batch_or_bucket(
+    dataset,
+    batch_size,
+    padded_shapes,
+    bucket_boundaries,
+    element_length,
+    drop_remainder,
+    padding_values=None,
+    bucket_lengths=None,
+):
     """Batches padded to `padded_shapes`, or, with `bucket_boundaries`, batches of similar
-    `element_length(*element)` each padded to its longest element."""
+    `element_length(*element)`, each padded to its longest element or, given the longest
+    possible length `bucket_lengths`, to its bucket's length: bucket `i` holds lengths up to
+    `bucket_boundaries[i]`, the last one up to `bucket_lengths`."""
     if bucket_boundaries is None:
-        return dataset.padded_batch(batch_size, padded_shapes=padded_shapes, drop_remainder=drop_remainder)
+        return dataset.padded_batch(
+            batch_size, padded_shapes=padded_shapes, padding_values=padding_values, drop_remainder=drop_remainder
+        )
+    boundaries = list(bucket_boundaries)
+    if bucket_lengths is not None:
+        # tf.data pads to a boundary minus one: the boundaries just above each length.
+        boundaries = [b + 1 for b in boundaries if b < bucket_lengths] + [bucket_lengths + 1]
     return dataset.bucket_by_sequence_length(
         element_length_func=element_length,
-        bucket_boundaries=list(bucket_boundaries),
-        bucket_batch_sizes=[batch_size] * (len(bucket_boundaries) + 1),
+        bucket_boundaries=boundaries,
+        bucket_batch_sizes=[batch_size] * (len(boundaries) + 1),
+        padding_values=padding_values,
+        pad_to_bucket_boundary=bucket_lengths is not None,
         drop_remainder=drop_remainder,
     )
 

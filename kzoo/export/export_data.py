@@ -92,6 +92,14 @@ def dataset_data(
     def load(split, as_supervised=False):
         return data.load(name, split, data_dir=data_dir, as_supervised=as_supervised)
 
+    from kzoo.export.serving_signatures import classifier_special_ids
+
+    # BERT inputs wrap their text in the tokenizer's [CLS] and [SEP] (kzoo's ids without them).
+    cls_id, sep_id = classifier_special_ids(tokenizer)
+    special = {"start_token_id": cls_id, "end_token_id": sep_id}
+    mask_id = getattr(tokenizer, "mask_token_id", None)
+    masking = {} if mask_id is None else {"mask_token_id": int(mask_id)}
+
     def batch(split, rows, shuffle):
         shuffle_buffer_size = 10_000 if shuffle else None
         if task in ("causal_lm", "lm") and "mask_positions" not in names:
@@ -107,16 +115,17 @@ def dataset_data(
             batches = data.masked_lm_batches(
                 _texts(load(split)), tokenizer, length, rows,
                 vocabulary_size=vocabulary_size, shuffle_buffer_size=shuffle_buffer_size, seed=seed,
+                **special, **masking,
             )
         elif task == "classifier":
             batches = data.classification_batches(
                 load(split, as_supervised=True), tokenizer, length, rows,
-                shuffle_buffer_size=shuffle_buffer_size, seed=seed,
+                shuffle_buffer_size=shuffle_buffer_size, seed=seed, **special,
             )
         elif task == "tagger":
             batches = data.tagging_batches(
                 load(split, as_supervised=True), tokenizer, length, rows,
-                shuffle_buffer_size=shuffle_buffer_size, seed=seed,
+                shuffle_buffer_size=shuffle_buffer_size, seed=seed, **special,
             )
         else:  # seq2seq: one tokenizer for both sides, as the tied-embedding model needs
             batches = data.seq2seq_batches(

@@ -24,6 +24,7 @@ from kzoo.export.serving_signatures import RECURRENT
 from kzoo.export.serving_signatures import ServingSignatures
 from kzoo.export.serving_signatures import call_model
 from kzoo.export.serving_signatures import check_cache_length
+from kzoo.export.serving_signatures import classifier_special_ids
 from kzoo.export.serving_signatures import input_names
 from kzoo.export.serving_signatures import max_length_of
 from kzoo.export.serving_signatures import task_of
@@ -85,7 +86,7 @@ def export(
 
     Writes into `output_dir`: `savedmodel/` (signatures `serving_default` and,
     for GPTCausalLM and Seq2SeqTransformer, `generate`; when the model's
-    tokenizer is saved beside it, also `classify_text` or `generate_text`
+    tokenizer is known (the model's own, else one saved beside it), also `classify_text` or `generate_text`
     on raw strings; see `ServingSignatures`), `model_<precision>.tflite` per TFLite format
     (builtin ops only; `prefill`/`decode` signatures for generation), for
     causal LMs with a tokenizer the LiteRT-LM bundles `model.litertlm` and
@@ -126,9 +127,10 @@ def export(
             `kzoo.data.load` dataset name (e.g. "kzoo_tiny_shakespeare"),
             read with the model's tokenizer: calibration rows from its
             train split, held-out rows from validation (or test).
-        tokenizer_dir: where `kzoo.data.save_tokenizer` wrote the model's
-            tokenizer; defaults to the `.keras` file's folder. Without a
-            tokenizer there, the SavedModel has no text signature.
+        tokenizer_dir: for a model that carries no tokenizer (`Task.tokenizer`,
+            which the recipes set), where `kzoo.data.save_tokenizer` wrote it;
+            defaults to the `.keras` file's folder. Without a tokenizer, the
+            SavedModel has no text signature.
         data_dir: the tensorflow-datasets folder for `representative_data`
             (`kzoo.data.load`'s `data_dir`).
         max_length: int, the full sequence length checked; defaults to the
@@ -177,7 +179,9 @@ def export(
     length = _check_length(max_length, model)
     bounds = {**verification.QUALITY_BOUNDS, **(quality_bounds or {})}
 
-    tokenizer = _load_tokenizer(tokenizer_dir or (model_path.parent if model_path else None), representative_data)
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is None:  # a model saved before tasks carried their tokenizer: the file beside it
+        tokenizer = _load_tokenizer(tokenizer_dir or (model_path.parent if model_path else None), representative_data)
     formats = _check_litertlm(formats, task, tokenizer, explicit)
     data = _export_data(
         representative_data, model, tokenizer, data_dir, task, names, length, num_examples, num_representative, seed
@@ -473,7 +477,11 @@ def _text_cases(model, task, data, signatures, generate_tokens):
     case = {"texts": texts, "max_new_tokens": generate_tokens}
     if task == "classifier":
         examples = tf.data.Dataset.from_tensor_slices((texts, [0] * len(texts)))
-        x, _ = next(iter(classification_batches(examples, tokenizer, max_length_of(model), len(texts))))
+        cls_id, sep_id = classifier_special_ids(tokenizer)
+        batches = classification_batches(
+            examples, tokenizer, max_length_of(model), len(texts), start_token_id=cls_id, end_token_id=sep_id
+        )
+        x, _ = next(iter(batches))
         logits = call_model(model, input_names(model), {name: np.asarray(value).astype(np.int32) for name, value in x.items()})
         case["probabilities"] = keras.ops.convert_to_numpy(keras.ops.softmax(logits, axis=-1))
         return case

@@ -63,6 +63,18 @@ def input_names(model):
     return list(model.input) if isinstance(model.input, dict) else ["token_ids"]
 
 
+def classifier_special_ids(tokenizer):
+    """The `[CLS]` and `[SEP]` ids a classifier's text is wrapped in: the tokenizer's own
+    (a Hugging Face vocabulary has them at 101 and 102), else kzoo's."""
+    from kzoo.data.tokenizers import CLS_ID, SEP_ID  # kzoo.data imports tensorflow-datasets: only here
+    from kzoo.models import text_inputs
+
+    try:
+        return tuple(text_inputs.special_token_id(tokenizer, name) for name in ("cls_token", "sep_token"))
+    except ValueError:  # e.g. a character tokenizer
+        return CLS_ID, SEP_ID
+
+
 def check_cache_length(model, cache_length=None):
     """The KV cache length of a generating model's TFLite file: `cache_length`, by default
     the model's maximum sequence length; raises ValueError outside [2, that maximum]."""
@@ -385,7 +397,7 @@ def _text_function(model, task, names, functions, tokenizer):
     """The signature of `task` that takes raw strings (see `ServingSignatures`)."""
     # kzoo.data imports tensorflow-datasets: only here.
     from kzoo.data.pipelines import tokenize
-    from kzoo.data.tokenizers import BOS_ID, CLS_ID, EOS_ID, SEP_ID
+    from kzoo.data.tokenizers import BOS_ID, EOS_ID
 
     max_length = max_length_of(model)
     text_spec = tf.TensorSpec([None], tf.string, name="text")
@@ -402,11 +414,13 @@ def _text_function(model, task, names, functions, tokenizer):
 
     if task == "classifier":
 
+        cls_id, sep_id = classifier_special_ids(tokenizer)
+
         @tf.function(input_signature=[text_spec])
         def classify_text(text):
             ids = token_ids(text)[:, : max_length - 2]
             column = tf.ones([ids.nrows(), 1], tf.int32)
-            ids = tf.concat([column * CLS_ID, ids, column * SEP_ID], axis=1).to_tensor()  # (B, T)
+            ids = tf.concat([column * cls_id, ids, column * sep_id], axis=1).to_tensor()  # (B, T)
             inputs = {"token_ids": ids, "segment_ids": tf.zeros_like(ids), "padding_mask": tf.cast(ids != 0, tf.int32)}
             logits = call_model(model, names, inputs)
             return {

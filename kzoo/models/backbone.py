@@ -1,5 +1,6 @@
 import keras
 
+from kzoo.models import hf_checkpoint
 from kzoo.models import presets
 
 
@@ -42,10 +43,25 @@ class Backbone(keras.Model):
 
     @classmethod
     def from_preset(cls, preset, **kwargs):
-        """Builds the backbone from a preset name (random weights) or a
-        keras-hub preset directory (converted weights); `kwargs` override
-        the preset's config. See `kzoo.models.list_presets`."""
+        """Builds the backbone from a preset name (random weights), a local
+        Hugging Face folder or a keras-hub preset directory (converted
+        weights); `kwargs` override the preset's config. See
+        `kzoo.models.list_presets` and `kzoo.models.hf_checkpoint`."""
         return presets.from_preset(cls, preset, **kwargs)
+
+    def export_to_transformers(self, path):
+        """Writes the backbone as a Hugging Face folder (`config.json` and
+        `model.safetensors`, e.g. as `BertModel` or `GPT2Model`) that
+        `transformers.AutoModel.from_pretrained(path)` loads.
+
+        Args:
+            path: a new (or empty) folder.
+
+        Example:
+        >>> backbone = kzoo.models.BertBackbone.from_preset("path/to/bert-folder")
+        >>> backbone.export_to_transformers("out/")  # transformers.AutoModel.from_pretrained("out/")
+        """
+        hf_checkpoint.export_to_transformers(self, path)
 
     def get_config(self):
         # Not chained to keras.Model: a functional config is a layer graph,

@@ -12,14 +12,18 @@ constructor config and a one-line description:
 Each model package keeps its presets in a `<model>_presets.py` dict and adds
 them with `register_presets`. kzoo ships no weights: a preset name builds the
 model with random weights. `Backbone.from_preset` and `Task.from_preset` (both
-call `from_preset` here) also take the path of a local keras-hub preset
-directory, whose weights are converted into the kzoo model.
+call `from_preset` here) also take the path of a local folder: a Hugging Face
+checkpoint (`config.json` with a `model_type`, safetensors weights, its
+tokenizer; see `kzoo.models.hf_checkpoint`) or a keras-hub preset directory,
+whose weights are converted into the kzoo model.
 """
 
 import json
 import os
 
 import keras
+
+from kzoo.models import hf_checkpoint
 
 PRESETS = {}
 
@@ -75,13 +79,16 @@ def list_presets(model=None):
 
 
 def from_preset(cls, preset, **kwargs):
-    """Builds `cls` from a preset name or a local keras-hub preset directory.
+    """Builds `cls` from a preset name, a Hugging Face folder or a keras-hub preset directory.
 
     A backbone (or any model without a `backbone_cls`) is built from the
     preset's config updated with `kwargs`. A task builds its `backbone_cls`
     from the preset and passes `kwargs` to its own constructor, as keras-hub
-    does.
+    does; from a Hugging Face folder it also gets the folder's tokenizer and,
+    when the checkpoint has the task's head, its weights.
     """
+    if preset not in PRESETS and os.path.isdir(preset) and hf_checkpoint.is_hf_folder(preset):
+        return hf_checkpoint.load(cls, preset, kwargs)
     backbone_cls = getattr(cls, "backbone_cls", None)
     if backbone_cls is not None:
         return cls(backbone=backbone_cls.from_preset(preset), **kwargs)

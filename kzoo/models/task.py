@@ -1,6 +1,7 @@
 import keras
 import numpy as np
 
+from kzoo.models import hf_checkpoint
 from kzoo.models import presets
 from kzoo.models.generation import check_token_ids
 from kzoo.models.cross_entropy import TokenCrossEntropy
@@ -52,9 +53,18 @@ class Task(MultiWorkerTrainerMixin, keras.Model):
     `model.fit(x, y, sample_weight=padding_mask)` or a dataset of
     `(x, y, sample_weight)`.
 
+    Text: a task may carry its `tokenizer` (any keras-hub tokenizer; a
+    subclass passes `tokenizer=` through its `**kwargs`), as a keras-hub task
+    carries its preprocessor. `.keras` files keep it, vocabulary included, and
+    `from_preset` on a Hugging Face folder gives the folder's. With one,
+    `preprocess(texts)` gives the model inputs of raw strings, `predict`
+    takes strings (a classifier then returns labels) and `generate` returns
+    text; token ids in and out work as without.
+
     Subclasses set `backbone_cls` (the backbone class their presets build),
-    may override `default_learning_rate` and `default_metrics`, and extend
-    `get_config` with their own constructor arguments.
+    may override `default_learning_rate`, `default_metrics` and
+    `predictions_from_outputs`, and extend `get_config` with their own
+    constructor arguments.
 
     Example:
     >>> model = kzoo.models.BertClassifier.from_preset("bert_tiny", num_classes=2)
@@ -64,7 +74,7 @@ class Task(MultiWorkerTrainerMixin, keras.Model):
     backbone_cls = None
     default_learning_rate = 5e-4
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, tokenizer=None, **kwargs):
         super().__init__(*args, **kwargs)
         # Functional models take no `dtype`: a task takes its backbone's
         # policy, which also tells `compile` to scale the loss under
@@ -72,6 +82,9 @@ class Task(MultiWorkerTrainerMixin, keras.Model):
         backbone = getattr(self, "backbone", None)
         if backbone is not None:
             self.dtype_policy = backbone.dtype_policy
+        if tokenizer is not None:
+            _check_tokenizer(tokenizer, backbone)
+        self.tokenizer = tokenizer
 
     @classmethod
     def from_preset(cls, preset, **kwargs):
@@ -166,13 +179,6 @@ class Task(MultiWorkerTrainerMixin, keras.Model):
         self._check_host_inputs(x, "evaluate")
         return super().evaluate(x, *args, **kwargs)
 
-    def predict(self, x, *args, **kwargs):
-        """`keras.Model.predict`, with NumPy token ids checked first (also in `fit` and
-        `evaluate`): they must be integers in the vocabulary, and there must be rows. Out of
-        the vocabulary, compiled code (XLA) would give NaN rows rather than an error."""
-        self._check_host_inputs(x, "predict")
-        return super().predict(x, *args, **kwargs)
-
     def _check_host_inputs(self, x, method):
         """Checks the NumPy arrays (or lists) of `x` named `*token_ids`; leaves datasets and tensors."""
         features = x if isinstance(x, dict) else {"token_ids": x}
@@ -188,14 +194,90 @@ class Task(MultiWorkerTrainerMixin, keras.Model):
             if vocabulary_size is not None:
                 check_token_ids(value, vocabulary_size, name)
 
+    def preprocess(self, texts):
+        """The model inputs of raw strings, tokenized with `tokenizer` and packed as the
+        backbone reads them (BERT: `[CLS] tokens [SEP]`), cut to its maximum length.
+
+        Args:
+            texts: a string or a list / 1-D tensor of strings.
+
+        Returns:
+            A dict of int32 tensors `(B, T)`, T the longest row.
+        """
+        from kzoo.models import text_inputs  # TensorFlow ops
+
+        if self.tokenizer is None:
+            raise ValueError(f"This {type(self).__name__} has no tokenizer; pass `tokenizer=` or give token ids.")
+        return text_inputs.pack(self.backbone, self.tokenizer, texts)
+
+    def predictions_from_outputs(self, outputs):
+        """What `predict` returns for raw strings, from the model's outputs (the outputs
+        themselves; a classifier overrides it to return labels)."""
+        return outputs
+
+    def predict(self, x, *args, **kwargs):
+        """`keras.Model.predict`; raw strings (a list of them, or one) are first
+        tokenized with `preprocess` and the result goes through
+        `predictions_from_outputs` (a classifier gives labels). NumPy token ids are
+        checked first (also in `fit` and `evaluate`): they must be integers in the
+        vocabulary, and there must be rows. Out of the vocabulary, compiled code (XLA)
+        would give NaN rows rather than an error."""
+        from kzoo.models import text_inputs
+
+        if not text_inputs.is_text(x):
+            self._check_host_inputs(x, "predict")
+            return super().predict(x, *args, **kwargs)
+        outputs = super().predict({k: v.numpy() for k, v in self.preprocess(x).items()}, *args, **kwargs)
+        return self.predictions_from_outputs(outputs)
+
+    def export_to_transformers(self, path):
+        """Writes the task as a Hugging Face folder (`config.json`, `model.safetensors` and
+        its tokenizer's files) that `transformers`' `AutoModelFor*.from_pretrained(path)`
+        loads: BERT tasks as `BertForMaskedLM`, `BertForSequenceClassification` and
+        `BertForTokenClassification`, `GPTCausalLM` as `GPT2LMHeadModel`.
+
+        Args:
+            path: a new (or empty) folder.
+
+        Example:
+        >>> classifier = kzoo.models.BertClassifier.from_preset("path/to/bert-folder", num_classes=2)
+        >>> classifier.export_to_transformers("out/")  # AutoModelForSequenceClassification
+        """
+        hf_checkpoint.export_to_transformers(self, path)
+
     def get_config(self):
         # Not chained to keras.Model: a task is rebuilt from its constructor
         # arguments, the backbone first.
-        return {"backbone": keras.layers.serialize(self.backbone), "name": self.name}
+        config = {"backbone": keras.layers.serialize(self.backbone), "name": self.name}
+        if self.tokenizer is not None:
+            config["tokenizer"] = keras.layers.serialize(self.tokenizer)
+        return config
 
     @classmethod
     def from_config(cls, config):
         config = dict(config)
         if isinstance(config.get("backbone"), dict):
             config["backbone"] = keras.layers.deserialize(config["backbone"])
+        if isinstance(config.get("tokenizer"), dict):
+            # Registers kzoo's tokenizer classes (and imports keras-hub) only when needed.
+            from kzoo.models import hf_tokenizer  # noqa: F401
+
+            # The vocabulary comes after, from the file's assets (`load_assets`).
+            config["tokenizer"] = keras.layers.deserialize(config["tokenizer"])
         return cls(**config)
+
+
+def _check_tokenizer(tokenizer, backbone):
+    """A tokenizer whose ids the backbone can embed (not yet checkable while loading)."""
+    if not callable(getattr(tokenizer, "tokenize", None)) or not callable(getattr(tokenizer, "detokenize", None)):
+        raise ValueError(f"`tokenizer` must be a keras-hub tokenizer; received {type(tokenizer).__name__}.")
+    try:
+        size = int(tokenizer.vocabulary_size())
+    except (ValueError, TypeError, AttributeError):  # no vocabulary yet: a `.keras` file sets it after
+        return
+    limit = getattr(backbone, "vocabulary_size", None)
+    if limit is not None and size > limit:
+        raise ValueError(
+            f"The tokenizer has {size} tokens but the backbone embeds {limit}: its ids would not fit. "
+            "Give a tokenizer of the backbone's vocabulary."
+        )

@@ -1,13 +1,13 @@
 """bert_pretrain.py, then bert_classify.py and bert_tag.py from scratch and from its output."""
 
+import argparse
 import json
 
 import bert_classify
 import bert_pretrain
 import bert_tag
+import keras
 import pytest
-
-import kzoo.data
 
 from tests.recipes.conftest import check_run_files
 
@@ -24,9 +24,9 @@ def test_pretrain_writes_a_masked_lm_and_its_tokenizer(pretrained):
     check_run_files(pretrained)
     record = json.loads((pretrained / "metrics.json").read_text())
     assert record["metrics"]["texts"] == bert_pretrain.QUICK["max_texts"]
-    assert (pretrained / "model.keras").is_file() and (pretrained / "vocabulary.txt").is_file()
-    # Cased by default: a capital tells a proper noun apart, and the taggers read it.
-    tokenizer = kzoo.data.load_tokenizer(pretrained)
+    # The model carries its tokenizer. Cased by default: a capital tells a proper noun apart,
+    # and the taggers read it.
+    tokenizer = keras.saving.load_model(pretrained / "model.keras", compile=False).tokenizer
     assert list(tokenizer("Apple")) != list(tokenizer("apple"))
 
 
@@ -36,6 +36,29 @@ def test_classify_from_scratch_beside_the_bag_of_words_baseline(run_recipe):
     metrics = record["metrics"]
     assert metrics["bert_initialization"] == "random"
     assert 0 <= metrics["bert_test_accuracy"] <= 1 and 0 <= metrics["bag_of_words_test_accuracy"] <= 1
+
+
+def test_classify_from_a_hugging_face_checkpoint(run_recipe, tmp_path):
+    """`--checkpoint DIR`: a Hugging Face BERT folder's weights and tokenizer; the saved
+    classifier carries the tokenizer and takes text."""
+    from tests.models import hf_folders
+
+    folder = tmp_path / "bert"
+    hf_folders.write_bert(folder, "BertModel")
+    output_dir, record = run_recipe(bert_classify, "--checkpoint", str(folder), "--sequence-length", "32")
+    assert record["metrics"]["bert_initialization"] == f"checkpoint: {folder}"
+    assert record["settings"]["learning_rate"] == bert_classify.CHECKPOINT_DEFAULTS["learning_rate"]
+    classifier = keras.saving.load_model(output_dir / "model.keras", compile=False)
+    assert classifier.tokenizer.get_vocabulary() == hf_folders.VOCABULARY
+    labels = classifier.predict(["a fine film", "dull"], verbose=0)
+    assert labels.shape == (2,) and set(labels.tolist()) <= {0, 1}
+
+
+def test_minilm_names_the_packaged_folder():
+    import _common
+
+    folder = _common.checkpoint_dir(argparse.Namespace(checkpoint="minilm"))
+    assert (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
 
 
 def test_tag_named_entities_from_the_pretrained_backbone(run_recipe, pretrained):
@@ -50,7 +73,7 @@ def test_tag_named_entities_from_the_pretrained_backbone(run_recipe, pretrained)
 @pytest.mark.parametrize(
     "recipe, flags, message",
     [
-        (bert_classify, ["--pretrained", "/nonexistent/run"], "is not a bert_pretrain.py output folder"),
+        (bert_classify, ["--pretrained", "/nonexistent/run"], "--checkpoint /nonexistent/run"),
         (bert_tag, ["--tasks", "upos,chunking"], "Unknown --tasks ['chunking']"),
         (bert_pretrain, ["--datasets", "kzoo_rt_polarity,imdb_reviews"], "no English text known for ['imdb_reviews']"),
     ],

@@ -56,6 +56,11 @@ class BertBackbone(Backbone):
         num_segments: int, the number of segment ids.
         dropout: float in [0, 1), on the embeddings, attention weights and
             residual branches.
+        activation: the feed-forward activation: "gelu_approximate" (the tanh
+            GELU of the original BERT code and keras-hub), "gelu" (the exact
+            one, as Hugging Face's BERT checkpoints run) or any name
+            `kzoo.layers.FeedForward` takes.
+        layer_norm_epsilon: float, the epsilon of every LayerNorm.
         dtype: None or a dtype policy for every layer (e.g. "mixed_bfloat16").
         **kwargs: `keras.Model` arguments (`name`, `trainable`).
 
@@ -86,6 +91,8 @@ class BertBackbone(Backbone):
         max_sequence_length=512,
         num_segments=2,
         dropout=0.1,
+        activation=BERT_ACTIVATION,
+        layer_norm_epsilon=BERT_LAYER_NORM_EPSILON,
         dtype=None,
         **kwargs,
     ):
@@ -117,15 +124,15 @@ class BertBackbone(Backbone):
             name="segment_embedding",
         )
         self.embedding_norm = LayerNormalization(
-            dropout, epsilon=BERT_LAYER_NORM_EPSILON, dtype=dtype, name="embedding_norm"
+            dropout, epsilon=layer_norm_epsilon, dtype=dtype, name="embedding_norm"
         )
         self.transformer_blocks = [
             TransformerEncoderBlock(
                 num_heads,
                 intermediate_dim,
                 dropout=dropout,
-                activation=BERT_ACTIVATION,
-                layer_norm_epsilon=BERT_LAYER_NORM_EPSILON,
+                activation=activation,
+                layer_norm_epsilon=layer_norm_epsilon,
                 kernel_initializer=bert_kernel_initializer(),
                 dtype=dtype,
                 name=f"transformer_block_{i}",
@@ -164,6 +171,8 @@ class BertBackbone(Backbone):
         self.max_sequence_length = max_sequence_length
         self.num_segments = num_segments
         self.dropout = dropout
+        self.activation = activation
+        self.layer_norm_epsilon = layer_norm_epsilon
 
     def get_config(self):
         config = super().get_config()
@@ -176,6 +185,8 @@ class BertBackbone(Backbone):
             max_sequence_length=self.max_sequence_length,
             num_segments=self.num_segments,
             dropout=self.dropout,
+            activation=self.activation,
+            layer_norm_epsilon=self.layer_norm_epsilon,
         )
         return config
 

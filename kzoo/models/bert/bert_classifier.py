@@ -1,4 +1,5 @@
 import keras
+import numpy as np
 
 from kzoo.layers._validation import check_positive_int
 from kzoo.layers._validation import check_rate
@@ -16,11 +17,15 @@ class BertClassifier(Task):
     backbone's inputs; output: logits `(B, num_classes)`; targets are class
     ids `(B,)`.
 
+    With a `tokenizer` (`kzoo.models.Task`), `predict` takes raw strings and
+    returns their class ids.
+
     Args:
         backbone: a `BertBackbone`.
         num_classes: int, number of classes.
         dropout: float in [0, 1), dropout on the pooled output.
-        **kwargs: `keras.Model` arguments (`name`).
+        **kwargs: `kzoo.models.Task` arguments (`tokenizer`) and `keras.Model`
+            ones (`name`).
 
     Example:
     >>> classifier = BertClassifier.from_preset("bert_tiny", num_classes=3)
@@ -56,6 +61,10 @@ class BertClassifier(Task):
         # === Config ===
         self.num_classes = num_classes
         self.dropout = dropout
+
+    def predictions_from_outputs(self, outputs):
+        """Labels for `predict` on raw strings: the class ids of the largest logits."""
+        return np.argmax(outputs, axis=-1)
 
     def get_config(self):
         config = super().get_config()

@@ -2,8 +2,6 @@ import keras
 from keras import ops
 
 from kzoo.layers.feed_forward import get_activation
-from kzoo.models.bert.bert_backbone import BERT_ACTIVATION
-from kzoo.models.bert.bert_backbone import BERT_LAYER_NORM_EPSILON
 from kzoo.models.bert.bert_backbone import BertBackbone
 from kzoo.models.bert.bert_backbone import bert_kernel_initializer
 from kzoo.models.perplexity import Perplexity
@@ -16,7 +14,7 @@ class BertMaskedLM(Task):
     """BERT's masked language model: predicts the tokens at masked positions.
 
     The hidden states at `mask_positions` go through BERT's transform (dense,
-    GELU, LayerNorm) and the output projection tied to the token table plus
+    the backbone's activation and LayerNorm epsilon) and the output projection tied to the token table plus
     a per-token bias (keras-hub's `MaskedLMHead` structure):
 
         z = LayerNorm(gelu(W h_i + b))
@@ -59,7 +57,7 @@ class BertMaskedLM(Task):
             name="transform_dense",
         )
         self.transform_norm = keras.layers.LayerNormalization(
-            epsilon=BERT_LAYER_NORM_EPSILON, dtype=dtype, name="transform_norm"
+            epsilon=backbone.layer_norm_epsilon, dtype=dtype, name="transform_norm"
         )
         self.lm_head = TiedLogits(backbone.embedding, use_bias=True, dtype=dtype, name="lm_head")
 
@@ -71,7 +69,7 @@ class BertMaskedLM(Task):
         sequence_output = backbone({key: inputs[key] for key in backbone.input})["sequence_output"]
         # expand_dims, not [..., None]: see `kzoo.layers.masks.merge_masks` (TFLite).
         x = ops.take_along_axis(sequence_output, ops.expand_dims(inputs["mask_positions"], -1), axis=1)  # (B, M, d)
-        x = self.transform_norm(get_activation(BERT_ACTIVATION)(self.transform_dense(x)))
+        x = self.transform_norm(get_activation(backbone.activation)(self.transform_dense(x)))
         logits = self.lm_head(x)  # (B, M, V) float32
         super().__init__(inputs=inputs, outputs=logits, **kwargs)
 

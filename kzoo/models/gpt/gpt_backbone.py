@@ -47,6 +47,8 @@ class GPTBackbone(Backbone):
         dropout: float in [0, 1), on the embeddings, attention weights and
             residual branches.
         layer_norm_epsilon: float, epsilon of every LayerNorm.
+        activation: the feed-forward activation: "gelu_approximate" (GPT-2's
+            tanh GELU) or any name `kzoo.layers.FeedForward` takes.
         dtype: None or a dtype policy for every layer (e.g. "mixed_bfloat16").
         **kwargs: `keras.Model` arguments (`name`, `trainable`).
 
@@ -76,6 +78,7 @@ class GPTBackbone(Backbone):
         max_sequence_length,
         dropout=0.1,
         layer_norm_epsilon=1e-5,
+        activation="gelu_approximate",
         dtype=None,
         **kwargs,
     ):
@@ -105,7 +108,7 @@ class GPTBackbone(Backbone):
                 intermediate_dim,
                 cross_attention=False,
                 norm_first=True,
-                activation="gelu_approximate",
+                activation=activation,
                 dropout=dropout,
                 layer_norm_epsilon=layer_norm_epsilon,
                 kernel_initializer=gpt_kernel_initializer(),
@@ -141,6 +144,7 @@ class GPTBackbone(Backbone):
         self.max_sequence_length = max_sequence_length
         self.dropout = dropout
         self.layer_norm_epsilon = layer_norm_epsilon
+        self.activation = activation
 
     def get_config(self):
         config = super().get_config()
@@ -153,6 +157,7 @@ class GPTBackbone(Backbone):
             max_sequence_length=self.max_sequence_length,
             dropout=self.dropout,
             layer_norm_epsilon=self.layer_norm_epsilon,
+            activation=self.activation,
         )
         return config
 

@@ -108,8 +108,10 @@ class GPTCausalLM(Task):
         reused by later calls.
 
         Args:
-            prompts: a list of token-id lists (ragged), a 2-D int array, or a
-                dict `{"token_ids", "padding_mask"}` of right-padded prompts.
+            prompts: a list of token-id lists (ragged), a 2-D int array, a
+                dict `{"token_ids", "padding_mask"}` of right-padded prompts,
+                or, for a model with a `tokenizer`, a string or a list of
+                strings.
             max_length: total length of prompt + continuation; defaults to
                 the backbone's `max_sequence_length`.
             max_new_tokens: alternatively, the number of tokens to add after
@@ -122,13 +124,25 @@ class GPTCausalLM(Task):
 
         Returns:
             For a list: a list of id lists (prompt + continuation, up to and
-            including a stop token). Otherwise a dict with "token_ids"
+            including a stop token). For strings: the text of the same (a
+            string for a string). Otherwise a dict with "token_ids"
             `(B, max_length)` and "padding_mask" (prompt or generated).
 
         Example:
         >>> lm = GPTCausalLM.from_preset("gpt_tiny")
         >>> lm.generate([[72, 105], [84]], max_new_tokens=5)  # two continuations
+        >>> lm.generate("ROMEO:", max_new_tokens=20)  # with a tokenizer: text
         """
+        from kzoo.models import text_inputs  # TensorFlow ops
+
+        if text_inputs.is_text(prompts):
+            if self.tokenizer is None:
+                raise ValueError("This GPTCausalLM has no tokenizer: give token ids, or build it with `tokenizer=`.")
+            texts = [prompts] if isinstance(prompts, (str, bytes)) else list(prompts)
+            token_ids = text_inputs.tokenize(self.tokenizer, texts).to_list()
+            outputs = self.generate(token_ids, max_length, max_new_tokens, sampler, stop_token_ids, jit_compile)
+            outputs = [text_inputs.detokenize(self.tokenizer, row) for row in outputs]
+            return outputs[0] if isinstance(prompts, (str, bytes)) else outputs
 
         def start(prompt_ids, length):
             cache = self.empty_cache(ops.shape(prompt_ids)[0], length)

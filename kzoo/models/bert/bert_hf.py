@@ -1,0 +1,167 @@
+"""BERT in Hugging Face's layout: `transformers`' config fields and tensor names for kzoo's BERT.
+
+Reads `BertModel` and the sentence-transformers layout (no prefix), `BertForMaskedLM`,
+`BertForPreTraining` (its next-sentence head is reported unused),
+`BertForSequenceClassification` and `BertForTokenClassification` (`bert.` prefix), and writes
+`BertModel` for a backbone and the matching architecture for each task. `transformers` stores
+`nn.Linear` weights as `(out, in)`, the transpose of a Keras kernel; the attention projections
+are kept per head in kzoo (`(d, heads, head_dim)`), a reshape of the same numbers.
+"""
+
+from kzoo.models import hf_checkpoint
+from kzoo.models.bert.bert_backbone import BertBackbone
+from kzoo.models.hf_checkpoint import Family
+from kzoo.models.hf_checkpoint import Head
+from kzoo.models.hf_checkpoint import embedding
+from kzoo.models.hf_checkpoint import layer_norm
+from kzoo.models.hf_checkpoint import linear
+
+# `hidden_act` values -> kzoo activations. "gelu" is the exact (erf) GELU, as transformers runs it.
+ACTIVATIONS = {
+    "gelu": "gelu",
+    "gelu_new": "gelu_approximate",
+    "gelu_pytorch_tanh": "gelu_approximate",
+    "gelu_fast": "gelu_approximate",
+    "relu": "relu",
+    "silu": "silu",
+    "swish": "silu",
+}
+HF_ACTIVATIONS = {"gelu": "gelu", "gelu_approximate": "gelu_new", "relu": "relu", "silu": "silu"}
+
+
+def backbone_config(config, read):
+    """`BertBackbone` arguments from a `transformers` `BertConfig` dict."""
+    hidden_act = read("hidden_act", "gelu")
+    if hidden_act not in ACTIVATIONS:
+        raise hf_checkpoint.CheckpointError(
+            f"config.json field 'hidden_act' is {hidden_act!r}; kzoo's BERT runs {sorted(ACTIVATIONS)}."
+        )
+    fixed = (("position_embedding_type", "absolute"), ("is_decoder", False), ("add_cross_attention", False))
+    for key, allowed in fixed:
+        if read(key, allowed) != allowed:
+            raise hf_checkpoint.CheckpointError(
+                f"config.json field {key!r} is {read(key)!r}; kzoo's BERT supports only {allowed!r}."
+            )
+    return {
+        "vocabulary_size": read("vocab_size"),
+        "num_layers": read("num_hidden_layers"),
+        "num_heads": read("num_attention_heads"),
+        "hidden_dim": read("hidden_size"),
+        "intermediate_dim": read("intermediate_size"),
+        "max_sequence_length": read("max_position_embeddings"),
+        "num_segments": read("type_vocab_size", 2),
+        "dropout": read("hidden_dropout_prob", 0.1),
+        "activation": ACTIVATIONS[hidden_act],
+        "layer_norm_epsilon": read("layer_norm_eps", 1e-12),
+    }
+
+
+def hf_config(backbone):
+    """The `BertConfig` fields of a `BertBackbone`."""
+    if backbone.activation not in HF_ACTIVATIONS:
+        raise hf_checkpoint.CheckpointError(
+            f"BertBackbone activation {backbone.activation!r} has no transformers `hidden_act`; "
+            f"writable: {sorted(HF_ACTIVATIONS)}."
+        )
+    return {
+        "vocab_size": backbone.vocabulary_size,
+        "num_hidden_layers": backbone.num_layers,
+        "num_attention_heads": backbone.num_heads,
+        "hidden_size": backbone.hidden_dim,
+        "intermediate_size": backbone.intermediate_dim,
+        "max_position_embeddings": backbone.max_sequence_length,
+        "type_vocab_size": backbone.num_segments,
+        "hidden_act": HF_ACTIVATIONS[backbone.activation],
+        "layer_norm_eps": backbone.layer_norm_epsilon,
+        "hidden_dropout_prob": backbone.dropout,
+        "attention_probs_dropout_prob": backbone.dropout,
+        "position_embedding_type": "absolute",
+        "pad_token_id": 0,
+        "initializer_range": 0.02,
+    }
+
+
+def backbone_tensors(backbone):
+    """The `BertModel` tensors of every `BertBackbone` weight."""
+    maps = [
+        embedding(backbone.embedding.token_embedding.embeddings, "embeddings.word_embeddings.weight"),
+        embedding(backbone.embedding.position_embedding.position_embeddings, "embeddings.position_embeddings.weight"),
+        embedding(backbone.segment_embedding.embeddings, "embeddings.token_type_embeddings.weight"),
+        layer_norm(backbone.embedding_norm, "embeddings.LayerNorm"),
+    ]
+    for i, block in enumerate(backbone.transformer_blocks):
+        layer = f"encoder.layer.{i}"
+        attention = block.self_attention
+        maps += [
+            linear(attention.query_dense, f"{layer}.attention.self.query"),
+            linear(attention.key_dense, f"{layer}.attention.self.key"),
+            linear(attention.value_dense, f"{layer}.attention.self.value"),
+            linear(attention.output_dense, f"{layer}.attention.output.dense", input_axes=2),
+            layer_norm(block.self_attention_norm, f"{layer}.attention.output.LayerNorm"),
+            linear(block.feed_forward.intermediate_dense, f"{layer}.intermediate.dense"),
+            linear(block.feed_forward.output_dense, f"{layer}.output.dense"),
+            layer_norm(block.feed_forward_norm, f"{layer}.output.LayerNorm"),
+        ]
+    return maps + [linear(backbone.pooler, "pooler.dense")]
+
+
+def _masked_lm_tensors(task):
+    return [
+        linear(task.transform_dense, "cls.predictions.transform.dense"),
+        layer_norm(task.transform_norm, "cls.predictions.transform.LayerNorm"),
+        hf_checkpoint.TensorMap((task.lm_head.bias,), ("cls.predictions.bias",), list, list),
+    ]
+
+
+def _classifier_tensors(task):
+    return [linear(task.output_dense, "classifier")]
+
+
+def _num_labels(config):
+    labels = config.get("id2label") or {}
+    return {"num_classes": len(labels) or config.get("num_labels", 2)}
+
+
+def _labels(task):
+    return {"id2label": {str(i): f"LABEL_{i}" for i in range(task.num_classes)}}
+
+
+hf_checkpoint.register_family(
+    Family(
+        model_type="bert",
+        backbone_cls=BertBackbone,
+        backbone_architecture="BertModel",
+        backbone_config=backbone_config,
+        hf_config=hf_config,
+        backbone_tensors=backbone_tensors,
+        backbone_prefix="bert.",
+        optional_prefixes=("pooler.",),
+        # Buffers, not weights: position ids (older checkpoints) and the decoder's copy of
+        # the output bias.
+        ignored=("embeddings.position_ids",),
+        heads={
+            "BertMaskedLM": Head(
+                ("BertForMaskedLM", "BertForPreTraining"),
+                tensors=_masked_lm_tensors,
+                tied={
+                    "cls.predictions.decoder.weight": "embeddings.word_embeddings.weight",
+                    "cls.predictions.decoder.bias": "cls.predictions.bias",
+                },
+                has_optional=False,
+            ),
+            "BertClassifier": Head(
+                ("BertForSequenceClassification",),
+                tensors=_classifier_tensors,
+                task_config=_num_labels,
+                hf_config=_labels,
+            ),
+            "BertTokenClassifier": Head(
+                ("BertForTokenClassification",),
+                tensors=_classifier_tensors,
+                task_config=_num_labels,
+                hf_config=_labels,
+                has_optional=False,
+            ),
+        },
+    )
+)

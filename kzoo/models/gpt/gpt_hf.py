@@ -1,0 +1,144 @@
+"""GPT-2 in Hugging Face's layout: `transformers`' config fields and tensor names for kzoo's GPT.
+
+Reads `GPT2Model` (no prefix) and `GPT2LMHeadModel` (`transformer.` prefix; its `lm_head` is
+the token table, tied), and writes them. GPT-2's `Conv1D` stores weights as `(in, out)`, as a
+Keras kernel does, and `c_attn` holds the query, key and value projections side by side:
+`(d, 3d)`, split into kzoo's three `(d, heads, head_dim)` kernels.
+"""
+
+import numpy as np
+
+from kzoo.models import hf_checkpoint
+from kzoo.models.gpt.gpt_backbone import GPTBackbone
+from kzoo.models.hf_checkpoint import Family
+from kzoo.models.hf_checkpoint import Head
+from kzoo.models.hf_checkpoint import TensorMap
+from kzoo.models.hf_checkpoint import embedding
+from kzoo.models.hf_checkpoint import layer_norm
+from kzoo.models.hf_checkpoint import linear
+
+# `activation_function` values -> kzoo activations ("gelu_new" is GPT-2's tanh GELU).
+ACTIVATIONS = {
+    "gelu_new": "gelu_approximate",
+    "gelu_pytorch_tanh": "gelu_approximate",
+    "gelu_fast": "gelu_approximate",
+    "gelu": "gelu",
+    "relu": "relu",
+    "silu": "silu",
+    "swish": "silu",
+}
+HF_ACTIVATIONS = {"gelu_approximate": "gelu_new", "gelu": "gelu", "relu": "relu", "silu": "silu"}
+# Config fields whose other values change the computation in ways kzoo does not implement.
+_FIXED = {
+    "scale_attn_weights": True,
+    "scale_attn_by_inverse_layer_idx": False,
+    "add_cross_attention": False,
+}
+
+
+def backbone_config(config, read):
+    """`GPTBackbone` arguments from a `transformers` `GPT2Config` dict."""
+    activation = read("activation_function", "gelu_new")
+    if activation not in ACTIVATIONS:
+        raise hf_checkpoint.CheckpointError(
+            f"config.json field 'activation_function' is {activation!r}; kzoo's GPT runs {sorted(ACTIVATIONS)}."
+        )
+    for key, allowed in _FIXED.items():
+        if read(key, allowed) != allowed:
+            raise hf_checkpoint.CheckpointError(
+                f"config.json field {key!r} is {read(key)!r}; kzoo's GPT supports only {allowed!r}."
+            )
+    hidden_dim = read("n_embd")
+    return {
+        "vocabulary_size": read("vocab_size"),
+        "num_layers": read("n_layer"),
+        "num_heads": read("n_head"),
+        "hidden_dim": hidden_dim,
+        "intermediate_dim": read("n_inner", 4 * hidden_dim),
+        "max_sequence_length": read("n_positions"),
+        "dropout": read("resid_pdrop", 0.1),
+        "layer_norm_epsilon": read("layer_norm_epsilon", 1e-5),
+        "activation": ACTIVATIONS[activation],
+    }
+
+
+def hf_config(backbone):
+    """The `GPT2Config` fields of a `GPTBackbone`."""
+    if backbone.activation not in HF_ACTIVATIONS:
+        raise hf_checkpoint.CheckpointError(
+            f"GPTBackbone activation {backbone.activation!r} has no transformers `activation_function`; "
+            f"writable: {sorted(HF_ACTIVATIONS)}."
+        )
+    return {
+        "vocab_size": backbone.vocabulary_size,
+        "n_layer": backbone.num_layers,
+        "n_head": backbone.num_heads,
+        "n_embd": backbone.hidden_dim,
+        "n_inner": backbone.intermediate_dim,
+        "n_positions": backbone.max_sequence_length,
+        "activation_function": HF_ACTIVATIONS[backbone.activation],
+        "layer_norm_epsilon": backbone.layer_norm_epsilon,
+        "resid_pdrop": backbone.dropout,
+        "embd_pdrop": backbone.dropout,
+        "attn_pdrop": backbone.dropout,
+        "tie_word_embeddings": True,
+        "initializer_range": 0.02,
+    }
+
+
+def _attention_inputs(attention, name):
+    """`c_attn` `(d, 3d)` / `(3d,)` as the query, key and value kernels and biases."""
+    denses = (attention.query_dense, attention.key_dense, attention.value_dense)
+    shapes = [(tuple(dense.kernel.shape), tuple(dense.bias.shape)) for dense in denses]
+
+    def to_keras(arrays):
+        weight, bias = arrays
+        weights, biases = np.split(weight, 3, axis=1), np.split(bias, 3)
+        return [
+            array
+            for w, b, (kernel_shape, bias_shape) in zip(weights, biases, shapes)
+            for array in (w.reshape(kernel_shape), b.reshape(bias_shape))
+        ]
+
+    def to_hf(arrays):
+        kernels, biases = arrays[0::2], arrays[1::2]
+        weight = np.concatenate([k.reshape(k.shape[0], -1) for k in kernels], axis=1)
+        return [weight, np.concatenate([b.reshape(-1) for b in biases])]
+
+    weights = tuple(weight for dense in denses for weight in (dense.kernel, dense.bias))
+    return TensorMap(weights, (f"{name}.weight", f"{name}.bias"), to_keras, to_hf)
+
+
+def backbone_tensors(backbone):
+    """The `GPT2Model` tensors of every `GPTBackbone` weight."""
+    maps = [
+        embedding(backbone.embedding.token_embedding.embeddings, "wte.weight"),
+        embedding(backbone.embedding.position_embedding.position_embeddings, "wpe.weight"),
+    ]
+    for i, block in enumerate(backbone.transformer_blocks):
+        attention = block.self_attention
+        maps += [
+            layer_norm(block.self_attention_norm, f"h.{i}.ln_1"),
+            _attention_inputs(attention, f"h.{i}.attn.c_attn"),
+            linear(attention.output_dense, f"h.{i}.attn.c_proj", input_axes=2, transposed=False),
+            layer_norm(block.feed_forward_norm, f"h.{i}.ln_2"),
+            linear(block.feed_forward.intermediate_dense, f"h.{i}.mlp.c_fc", transposed=False),
+            linear(block.feed_forward.output_dense, f"h.{i}.mlp.c_proj", transposed=False),
+        ]
+    return maps + [layer_norm(backbone.layer_norm, "ln_f")]
+
+
+hf_checkpoint.register_family(
+    Family(
+        model_type="gpt2",
+        backbone_cls=GPTBackbone,
+        backbone_architecture="GPT2Model",
+        backbone_config=backbone_config,
+        hf_config=hf_config,
+        backbone_tensors=backbone_tensors,
+        backbone_prefix="transformer.",
+        # The causal mask as a buffer, in checkpoints written by older transformers.
+        ignored=(".attn.bias", ".attn.masked_bias"),
+        heads={"GPTCausalLM": Head(("GPT2LMHeadModel",), tied={"lm_head.weight": "wte.weight"})},
+    )
+)

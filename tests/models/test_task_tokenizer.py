@@ -1,0 +1,230 @@
+"""Tokenizers: Hugging Face's ids from keras-hub tokenizers, and tasks that carry theirs.
+
+The reference ids come from Hugging Face's `tokenizers` package reading the same files.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+import tokenizers
+
+import kzoo
+import kzoo.data
+from kzoo.models import hf_tokenizer
+from kzoo.models import text_inputs
+
+from tests.models import hf_folders
+
+# Real sentences: accents, punctuation, emoji (with joiners and variation selectors), CJK,
+# Hangul, Cyrillic and Greek, Unicode spaces and control characters, special tokens.
+SENTENCES = [
+    "Crème brûlée at the Café — naïve façade, 10% off!!",
+    "Ünïcödé ÀÉÎÕÜ Straße İstanbul ΣΊΣΥΦΟΣ σοφός",
+    "I ❤️ emoji 😂🎉 👨‍👩‍👧 ok",
+    "東京は日本の首都です。你好，世界！",
+    "한국어 문장입니다.",
+    "Wait… that's ™ ½ ² ﬁne “quoted” ‘single’ «guillemets»",
+    "tabs\tand\nnewlines  and\u00a0nbsp\u200bzero-width\x85x",
+    "<html> a+b=c | ~tilde ^caret `back` $5 #tag @user",
+    "Русский текст, ещё!",
+    "Ａｂｃ full-width ＡＢＣ１２３",
+    "ОДИССЕЯ Ὀδυσσεύς",
+    "the [MASK] sat on the mat [SEP] it purred",
+    "ж" * 60 + " " + "x" * 120,
+    "The movie's ending was... well, 'meh' (3/10).",
+    "",
+]
+
+
+def reference_ids(tokenizer_file, text):
+    reference = tokenizers.Tokenizer.from_file(str(tokenizer_file))
+    reference.no_padding()
+    reference.no_truncation()
+    return reference.encode(text, add_special_tokens=False).ids
+
+
+@pytest.fixture(scope="module")
+def minilm_tokenizer():
+    return hf_tokenizer.load_tokenizer(hf_folders.minilm_dir())
+
+
+def test_minilm_tokenizer_gives_the_ids_of_hf_tokenizers(minilm_tokenizer):
+    assert isinstance(minilm_tokenizer, hf_tokenizer.BertTokenizer)
+    assert minilm_tokenizer.vocabulary_size() == 30522 and minilm_tokenizer.lowercase
+    for text in SENTENCES:
+        expected = reference_ids(hf_folders.minilm_dir() / "tokenizer.json", text)
+        assert np.asarray(minilm_tokenizer(text)).tolist() == expected, text
+
+
+def test_the_same_ids_in_a_batch_and_inside_tf_data(minilm_tokenizer):
+    one_by_one = [np.asarray(minilm_tokenizer(text)).tolist() for text in SENTENCES]
+    assert minilm_tokenizer(SENTENCES) == one_by_one
+    dataset = tf.data.Dataset.from_tensor_slices(SENTENCES).map(minilm_tokenizer)
+    assert [ids.numpy().tolist() for ids in dataset] == one_by_one
+
+
+def test_vocab_txt_alone_gives_the_same_tokenizer(tmp_path, minilm_tokenizer):
+    for name in ("vocab.txt", "tokenizer_config.json"):
+        (tmp_path / name).write_bytes((hf_folders.minilm_dir() / name).read_bytes())
+    from_vocabulary = hf_tokenizer.load_tokenizer(tmp_path, {"model_type": "bert"})
+    for text in SENTENCES:
+        assert np.asarray(from_vocabulary(text)).tolist() == np.asarray(minilm_tokenizer(text)).tolist()
+
+
+def test_cased_word_pieces_keep_case_and_accents(tmp_path):
+    hf_folders.write_vocabulary(tmp_path)
+    reference = tokenizers.BertWordPieceTokenizer(str(tmp_path / "vocab.txt"), lowercase=False)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": False}))
+    ours = hf_tokenizer.load_tokenizer(tmp_path, {"model_type": "bert"})
+    assert not ours.lowercase and not ours.strip_accents
+    for text in ["The Fine film", "crème brûlée é", "HELLO world!", *SENTENCES[:5]]:
+        assert np.asarray(ours(text)).tolist() == reference.encode(text, add_special_tokens=False).ids, text
+
+
+@pytest.fixture(scope="module")
+def gpt2_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("gpt2")
+    hf_folders.write_gpt2(folder, "GPT2LMHeadModel")
+    return folder
+
+
+def test_byte_level_bpe_gives_the_ids_of_hf_tokenizers(gpt2_folder):
+    ours = hf_tokenizer.load_tokenizer(gpt2_folder)
+    texts = [*SENTENCES, "ROMEO: But soft!", "  leading and trailing  ", "it's they're I'm", "a\n\nb <|endoftext|>"]
+    for text in texts:
+        assert np.asarray(ours(text)).tolist() == reference_ids(gpt2_folder / "tokenizer.json", text), text
+    # And in a graph (tf.data), where keras-hub runs its TensorFlow path.
+    dataset = tf.data.Dataset.from_tensor_slices(texts).map(ours)
+    expected = [reference_ids(gpt2_folder / "tokenizer.json", text) for text in texts]
+    assert [ids.numpy().tolist() for ids in dataset] == expected
+    # vocab.json + merges.txt alone read the same.
+    (gpt2_folder / "tokenizer.json").rename(gpt2_folder / "tokenizer.json.off")
+    try:
+        files_only = hf_tokenizer.load_tokenizer(gpt2_folder)
+    finally:
+        (gpt2_folder / "tokenizer.json.off").rename(gpt2_folder / "tokenizer.json")
+    assert all(np.asarray(files_only(t)).tolist() == np.asarray(ours(t)).tolist() for t in texts)
+
+
+# === Tasks carry their tokenizer ===
+
+
+def tiny_bert(vocabulary_size):
+    return kzoo.models.BertBackbone(
+        vocabulary_size=vocabulary_size, num_layers=1, num_heads=2, hidden_dim=16, intermediate_dim=32,
+        max_sequence_length=32,
+    )
+
+
+def run_fresh(script, *args):
+    """Runs `script` in a new interpreter that imports only keras and kzoo."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    result = subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True, text=True, env=env,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+_PREDICT_TEXT = """
+import json, sys
+import keras
+import kzoo
+import kzoo.data
+model = keras.saving.load_model(sys.argv[1])
+print(json.dumps(model.predict(json.loads(sys.argv[2]), verbose=0).tolist()))
+"""
+
+_GENERATE_TEXT = """
+import json, sys
+import keras
+import kzoo
+import kzoo.data
+lm = keras.saving.load_model(sys.argv[1])
+print(json.dumps(lm.generate(json.loads(sys.argv[2]), max_new_tokens=8)))
+"""
+
+
+def test_a_classifier_predicts_labels_from_text_and_keeps_its_tokenizer(tmp_path):
+    tokenizer = hf_tokenizer.BertTokenizer(hf_folders.VOCABULARY, lowercase=True)
+    classifier = kzoo.models.BertClassifier(tiny_bert(len(hf_folders.VOCABULARY)), 3, tokenizer=tokenizer)
+    texts = ["a fine film", "The movie was DULL!", "crème brûlée"]
+    labels = classifier.predict(texts, verbose=0)
+    # The same as the logits of `[CLS] pieces [SEP]`, packed by hand.
+    pieces = [[2, *np.asarray(tokenizer(text)).tolist(), 3] for text in texts]
+    longest = max(map(len, pieces))
+    ids = np.array([row + [0] * (longest - len(row)) for row in pieces], "int32")
+    logits = classifier.predict({"token_ids": ids, "segment_ids": 0 * ids, "padding_mask": (ids > 0) * 1}, verbose=0)
+    np.testing.assert_array_equal(labels, np.argmax(logits, -1))
+    assert classifier.predict("a fine film", verbose=0).tolist() == labels[:1].tolist()
+    # Saved and reloaded in a fresh process with `import kzoo` alone: the file holds the vocabulary.
+    classifier.save(tmp_path / "classifier.keras")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["classifier.keras"]
+    assert run_fresh(_PREDICT_TEXT, tmp_path / "classifier.keras", json.dumps(texts)) == labels.tolist()
+
+
+def test_a_language_model_generates_text_and_keeps_its_tokenizer(tmp_path):
+    backbone = kzoo.models.GPTBackbone.from_preset("gpt_tiny")
+    lm = kzoo.models.GPTCausalLM(backbone, tokenizer=kzoo.data.character_tokenizer(256))
+    text = lm.generate("ROMEO:", max_new_tokens=8)
+    ids = lm.generate([[ord(c) for c in "ROMEO:"]], max_new_tokens=8)[0]
+    assert text == "".join(map(chr, ids)) and text.startswith("ROMEO:") and len(text) == 14
+    assert lm.generate(["ROMEO:", "JULIET"], max_new_tokens=8)[0] == text
+    lm.save(tmp_path / "lm.keras")
+    assert run_fresh(_GENERATE_TEXT, tmp_path / "lm.keras", json.dumps(["ROMEO:"])) == [text]
+
+
+def test_a_byte_pair_tokenizer_travels_in_the_file(tmp_path, gpt2_folder):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lm = kzoo.models.GPTCausalLM.from_preset(str(gpt2_folder))
+    prompts = ["ROMEO: But soft", "Crème 😂"]
+    texts = lm.generate(prompts, max_new_tokens=8)
+    assert [t[: len(p)] for t, p in zip(texts, prompts)] == prompts
+    lm.save(tmp_path / "lm.keras")
+    assert run_fresh(_GENERATE_TEXT, tmp_path / "lm.keras", json.dumps(prompts)) == texts
+
+
+def test_ids_in_and_out_without_a_tokenizer():
+    lm = kzoo.models.GPTCausalLM.from_preset("gpt_tiny")
+    assert lm.tokenizer is None and len(lm.generate([[72, 105]], max_new_tokens=3)[0]) == 5
+    with pytest.raises(ValueError, match="has no tokenizer"):
+        lm.generate("ROMEO:", max_new_tokens=3)
+
+
+def test_a_tokenizer_larger_than_the_backbone_is_refused():
+    tokenizer = hf_tokenizer.BertTokenizer(hf_folders.VOCABULARY)
+    message = f"tokenizer has {len(hf_folders.VOCABULARY)} tokens but the backbone embeds 50"
+    with pytest.raises(ValueError, match=message):
+        kzoo.models.BertClassifier(tiny_bert(50), 2, tokenizer=tokenizer)
+
+
+def test_packing_uses_the_tokenizers_special_ids(minilm_tokenizer):
+    inputs = text_inputs.pack(tiny_bert(30522), minilm_tokenizer, ["a fine film", "ok"])
+    assert inputs["token_ids"].numpy().tolist() == [[101, 1037, 2986, 2143, 102], [101, 7929, 102, 0, 0]]
+    assert inputs["padding_mask"].numpy().tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]
+    assert not inputs["segment_ids"].numpy().any()
+
+
+def test_is_text():
+    assert text_inputs.is_text("a") and text_inputs.is_text(["a", "b"]) and text_inputs.is_text(np.array(["a"]))
+    assert not text_inputs.is_text([[1, 2]]) and not text_inputs.is_text(np.ones((1, 2), "int32"))
+    assert not text_inputs.is_text({"token_ids": np.ones((1, 2))}) and not text_inputs.is_text([])
+    assert keras.ops.is_tensor(tf.constant(["a"])) and text_inputs.is_text(tf.constant(["a"]))
+
+
+def test_a_classifier_written_as_a_hugging_face_folder_reads_back_with_its_tokenizer(tmp_path):
+    tokenizer = hf_tokenizer.BertTokenizer(hf_folders.VOCABULARY, lowercase=True)
+    classifier = kzoo.models.BertClassifier(tiny_bert(len(hf_folders.VOCABULARY)), 3, tokenizer=tokenizer)
+    texts = ["a fine film", "The movie was DULL!", "crème brûlée"]
+    classifier.export_to_transformers(tmp_path / "folder")
+    again = kzoo.models.BertClassifier.from_preset(str(tmp_path / "folder"))
+    assert again.num_classes == 3 and again.tokenizer.lowercase
+    np.testing.assert_array_equal(again.predict(texts, verbose=0), classifier.predict(texts, verbose=0))
