@@ -1,7 +1,7 @@
 import keras
 
-from kzoo.layers._validation import check_positive_int
-from kzoo.layers._validation import check_rate
+from kzoo.validation import check_positive_int
+from kzoo.validation import check_rate
 from kzoo.models.bert.bert_backbone import BertBackbone
 from kzoo.models.bert.bert_backbone import bert_kernel_initializer
 from kzoo.models.task import Task

@@ -1,8 +1,8 @@
 import keras
 
-from kzoo.layers._validation import check_positive_int
-from kzoo.layers._validation import check_rate
-from kzoo.layers.feed_forward import get_activation
+from kzoo.validation import check_positive_int
+from kzoo.validation import check_rate
+from kzoo.ops import get_activation
 from kzoo.models.feed_forward.context_window import ContextWindow
 from kzoo.models.perplexity import Perplexity
 from kzoo.models.task import Task

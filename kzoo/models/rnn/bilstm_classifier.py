@@ -1,6 +1,6 @@
 import keras
 
-from kzoo.layers._validation import check_positive_int
+from kzoo.validation import check_positive_int
 from kzoo.models.rnn.recurrent_stack import recurrent_stack
 from kzoo.models.task import Task
 

@@ -4,9 +4,9 @@ from keras import ops
 from kzoo.layers import TokenAndPositionEmbedding
 from kzoo.layers import TransformerDecoderBlock
 from kzoo.layers import TransformerEncoderBlock
-from kzoo.layers._validation import check_divisible
-from kzoo.layers._validation import check_positive_int
-from kzoo.layers._validation import check_rate
+from kzoo.validation import check_divisible
+from kzoo.validation import check_positive_int
+from kzoo.validation import check_rate
 from kzoo.models.backbone import Backbone
 
 # Token id 0 is padding on both sides (kzoo's tokenizers reserve it as `[PAD]`).
