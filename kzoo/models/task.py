@@ -1,6 +1,8 @@
 import keras
 
 from kzoo.models import presets
+from kzoo.models.backbone import add_quantization_config
+from kzoo.models.backbone import from_constructor_config
 from kzoo.models.cross_entropy import TokenCrossEntropy
 from kzoo.models.multi_worker_trainer_mixin import MultiWorkerTrainerMixin
 
@@ -159,11 +161,41 @@ class Task(MultiWorkerTrainerMixin, keras.Model):
     def get_config(self):
         # Not chained to keras.Model: a task is rebuilt from its constructor
         # arguments, the backbone first.
-        return {"backbone": keras.layers.serialize(self.backbone), "name": self.name}
+        return add_quantization_config({"backbone": keras.layers.serialize(self.backbone), "name": self.name}, self)
 
     @classmethod
     def from_config(cls, config):
         config = dict(config)
         if isinstance(config.get("backbone"), dict):
             config["backbone"] = keras.layers.deserialize(config["backbone"])
-        return cls(**config)
+        return from_constructor_config(cls, config)
+
+
+@keras.saving.register_keras_serializable(package="kzoo")
+class StandaloneTask(Task):
+    """Base class of the task models built from layers without a backbone (the RNN and n-gram baselines).
+
+    The subclass builds its functional model in `__init__` and passes it
+    `inputs`, `outputs` and `dtype`; this base sets the dtype policy (a
+    functional model takes none) and rebuilds the model from the subclass's
+    constructor arguments, which the subclass adds in `get_config`.
+
+    Args:
+        dtype: None or a dtype policy; it also tells `compile` to scale the
+            loss under "mixed_float16".
+        **kwargs: `keras.Model` functional arguments (`inputs`, `outputs`,
+            `name`).
+    """
+
+    def __init__(self, *args, dtype=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        if dtype is not None:
+            self.dtype_policy = keras.dtype_policies.get(dtype)
+
+    def get_config(self):
+        config = {"name": self.name, "dtype": keras.dtype_policies.serialize(self.dtype_policy)}
+        return add_quantization_config(config, self)
+
+    @classmethod
+    def from_config(cls, config):
+        return from_constructor_config(cls, config)
