@@ -17,8 +17,8 @@ evaluated after every epoch for the curves; nothing is selected on it.
 
 import math
 
+import _bert
 import _common
-import bert_pretrain
 import keras
 import tensorflow as tf
 
@@ -57,7 +57,7 @@ def main(argv=None):
     num_classes = max(labels) + 1
     steps_per_epoch = _common.steps_per_epoch(args, math.ceil(len(texts) / args.batch_size))
 
-    backbone, tokenizer = bert_pretrain.backbone_and_tokenizer(args, run, texts)
+    backbone, tokenizer = _bert.backbone_and_tokenizer(args, run, texts)
     classifier_batches = dict(tokenizer=tokenizer, sequence_length=args.sequence_length, batch_size=args.batch_size)
     train_batches = kzoo.data.classification_batches(
         train, **classifier_batches, shuffle_buffer_size=len(texts), seed=args.seed

@@ -24,53 +24,31 @@ every head of the last block over the start of the sample (`attention.png`). The
 import math
 
 import _common
+import _language_models
 import keras
 import numpy as np
-import tensorflow as tf
 
 import kzoo
 import kzoo.data
 import kzoo.visualization
 
-DEFAULTS = dict(
-    preset="gpt_tiny",
-    steps=1500,
-    epochs=10,
-    batch_size=32,
-    learning_rate=2e-3,
-    dataset="kzoo_tiny_shakespeare",
-    sequence_length=128,
-    dropout=0.0,
-    validation_batches=None,
-    prompt="ROMEO:",
-    sample_length=120,
-)
-QUICK = dict(steps=40, epochs=2, batch_size=16, sequence_length=64, validation_batches=8, sample_length=48)
 # The start of the sample whose attention `attention.png` shows.
 ATTENTION_CHARACTERS = 40
 # Near-greedy sampling: diverse enough to read like the text, without its rare-character noise.
 TOP_K = 5
 
 
-def add_data_arguments(parser):
-    """The flags of the data and model size, which `rnn_lm.py` shares."""
-    parser.add_argument("--dataset", help="a kzoo or tensorflow-datasets dataset with a 'text' feature")
-    parser.add_argument("--sequence-length", type=int, help="characters per training window")
-    parser.add_argument("--dropout", type=float, help="the model's dropout")
-    parser.add_argument("--validation-batches", type=int, help="validation batches per epoch, or all")
-
-
 def add_arguments(parser):
-    add_data_arguments(parser)
+    _language_models.add_data_arguments(parser)
     parser.add_argument("--prompt", help="the text the sample continues")
     parser.add_argument("--sample-length", type=int, help="characters to generate after the prompt")
 
 
 def main(argv=None):
-    args = _common.parse_args(argv, __file__, __doc__, DEFAULTS, QUICK, add_arguments)
+    args = _common.parse_args(argv, __file__, __doc__, _language_models.DEFAULTS, _language_models.QUICK, add_arguments)
     run = _common.start(args)
     with run.scope():
-        lm = language_model(args)
+        lm = _language_models.language_model(args)
     tokenizer = kzoo.data.character_tokenizer(lm.backbone.vocabulary_size)
     prompt_ids = np.asarray(tokenizer(args.prompt)).tolist()
     if len(prompt_ids) + args.sample_length > args.sequence_length:
@@ -86,7 +64,10 @@ def main(argv=None):
     with run.scope():
         _common.compile_task(lm, args, steps_per_epoch, run.jit_compile)
     history = run.fit(
-        lm, train_windows.map(gpt_inputs).repeat(), steps_per_epoch, validation_data=validation_windows.map(gpt_inputs)
+        lm,
+        train_windows.map(_language_models.gpt_inputs).repeat(),
+        steps_per_epoch,
+        validation_data=validation_windows.map(_language_models.gpt_inputs),
     )
 
     sample = continue_prompt(lm, tokenizer, prompt_ids, args)
@@ -108,20 +89,6 @@ def main(argv=None):
         **reload_check,
     }
     return run.finish({args.preset: history}, metrics, steps_per_epoch)
-
-
-def language_model(args):
-    """The `--preset` GPT with `--dropout`, and as many positions as `--sequence-length`:
-    positions past the training windows would never be trained."""
-    backbone = kzoo.models.GPTBackbone.from_preset(
-        args.preset, dropout=args.dropout, max_sequence_length=args.sequence_length
-    )
-    return kzoo.models.GPTCausalLM(backbone)
-
-
-def gpt_inputs(inputs, targets):
-    """GPT inputs for full windows: no padding."""
-    return {"token_ids": inputs, "padding_mask": tf.ones_like(inputs)}, targets
 
 
 def continue_prompt(lm, tokenizer, prompt_ids, args):
@@ -150,7 +117,7 @@ def check_reload(lm, model_path, validation_windows, prompt_ids, sample, args):
     """
     reloaded = keras.saving.load_model(model_path, compile=False)
     tokenizer = kzoo.data.load_tokenizer(model_path.parent)
-    x, _ = gpt_inputs(*next(iter(validation_windows)))
+    x, _ = _language_models.gpt_inputs(*next(iter(validation_windows)))
     difference = float(np.max(np.abs(lm.predict_on_batch(x) - reloaded.predict_on_batch(x))))
     if difference > 1e-4:
         raise RuntimeError(f"The reloaded model's logits differ from the trained model's by {difference:.3g}.")
