@@ -1,4 +1,5 @@
 import keras
+import numpy as np
 from keras import ops
 
 from kzoo.layers.masks import causal_mask
@@ -141,8 +142,28 @@ class MultiHeadAttention(keras.layers.Layer):
         )
 
     def _project(self, x, *denses):
-        """`(B, T, d)` -> one head-major `(B, heads, T, head_dim)` per dense, each dense called."""
-        return [ops.transpose(dense(x), (0, 2, 1, 3)) for dense in denses]
+        """`(B, T, d)` -> one head-major `(B, heads, T, head_dim)` per dense.
+
+        Each dense is called, except for one token (a decoding step) through
+        float kernels: there the projections run side by side, as one
+        `(d, sum heads * head_dim)` matrix-vector product instead of one
+        small product each. It reads each kernel as the dense's own call
+        does (`kernel` includes a LoRA update); quantized kernels are only
+        read by their dense's call, so those are always called.
+        """
+        side_by_side = x.shape[1] == 1 and len(denses) > 1 and all(d.quantization_mode is None for d in denses)
+        if not side_by_side:
+            return [ops.transpose(dense(x), (0, 2, 1, 3)) for dense in denses]
+        kernels = [ops.cast(dense.kernel, self.compute_dtype) for dense in denses]  # (d, heads, head_dim) each
+        y = ops.matmul(x, ops.concatenate([ops.reshape(kernel, (kernel.shape[0], -1)) for kernel in kernels], axis=1))
+        if self.use_bias:
+            y = y + ops.concatenate([ops.reshape(ops.cast(dense.bias, self.compute_dtype), (-1,)) for dense in denses])
+        sizes = [kernel.shape[1] * kernel.shape[2] for kernel in kernels]
+        parts = ops.split(y, np.cumsum(sizes)[:-1].tolist(), axis=-1)
+        return [
+            ops.transpose(ops.reshape(part, (ops.shape(x)[0], 1, *kernel.shape[1:])), (0, 2, 1, 3))
+            for part, kernel in zip(parts, kernels)
+        ]
 
     def compute_cache(self, value, key=None):
         """Projects `key`/`value` once into a `(keys, values)` cache for cross-attention."""

@@ -56,7 +56,8 @@ class Backbone(keras.Model):
         W + A B, A `(d, rank)` and B `(rank, d')` (B starts at zero, so the
         model's outputs do not change until it trains). Every other backbone
         weight is frozen; a task's head stays trainable. A saved model stores
-        the merged kernels W + A B. As keras-hub's `Backbone.enable_lora`.
+        the merged kernels W + A B. As keras-hub's `Backbone.enable_lora`,
+        except that the adapted layers' biases stay frozen too.
 
         Args:
             rank: int, the rank of the update.
@@ -86,7 +87,9 @@ class Backbone(keras.Model):
             layer.trainable = False
         for layer in adapted:
             layer.trainable = True
-            layer.enable_lora(rank)
+            layer.enable_lora(rank)  # freezes the kernel
+            if getattr(layer, "bias", None) is not None:
+                layer.bias.trainable = False  # LoRA adapts the kernels only
         return adapted
 
     def get_config(self):

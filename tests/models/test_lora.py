@@ -66,3 +66,30 @@ def test_enable_lora_names_what_it_could_not_find():
         backbone.enable_lora(2, target_layer_names=["nothing"])
     with pytest.raises(ValueError, match="`rank` must be a positive integer"):
         backbone.enable_lora(0)
+
+
+def _assert_decoding_equals_the_full_pass(lm, ids):
+    full = keras.ops.convert_to_numpy(lm({"token_ids": ids, "padding_mask": np.ones_like(ids)}))
+    cache = lm.empty_cache(1, ids.shape[1])
+    logits, _, cache = lm.call_with_cache(ids[:, :3], cache, 0)
+    steps = [keras.ops.convert_to_numpy(logits)]
+    for index in range(3, ids.shape[1]):  # one token at a time: the side-by-side projections
+        logits, _, cache = lm.call_with_cache(ids[:, index : index + 1], cache, index)
+        steps.append(keras.ops.convert_to_numpy(logits))
+    np.testing.assert_allclose(np.concatenate(steps, axis=1), full, rtol=1e-4, atol=1e-4)
+
+
+def test_one_token_decoding_steps_equal_the_full_pass_with_lora_and_with_int8():
+    ids = np.array([[5, 9, 2, 7, 7, 1, 3]], "int32")
+    adapted, _, _, _ = task_batch("GPTCausalLM")
+    adapted(task_batch("GPTCausalLM")[1])
+    adapted.backbone.enable_lora(2)
+    rng = np.random.default_rng(0)
+    for weight in adapted.weights:
+        if _is_lora(weight.path):  # B starts at zero: give both factors values
+            weight.assign(rng.normal(size=weight.shape).astype("float32"))
+    _assert_decoding_equals_the_full_pass(adapted, ids)
+    quantized, x, _, _ = task_batch("GPTCausalLM")
+    quantized(x)
+    quantized.quantize("int8")
+    _assert_decoding_equals_the_full_pass(quantized, ids)
