@@ -1,6 +1,6 @@
 """Input pipeline: training fed by a recipe's tf.data pipeline against the same batches in memory.
 
-For two recipes' pipelines, built by the recipes' own code at their default settings:
+For two recipes' pipelines, built with the kzoo calls the recipes make, at their default settings:
   - `gpt_lm.py`: character windows over Tiny Shakespeare, shuffled over every
     start position (`kzoo.data.lm_windows`), into its default `gpt_tiny` model;
   - `bert_pretrain.py`: WordPiece tokenization and keras-hub's
@@ -17,13 +17,10 @@ live / in-memory median step time; 1.0 means the pipeline costs nothing.
 """
 
 import argparse
+import math
 import os
-import sys
-from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-# The recipes are scripts that import their shared `_common` module as a sibling.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "recipes"))
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -32,41 +29,68 @@ import kzoo  # noqa: E402
 import kzoo.data  # noqa: E402
 from benchmarks.common import report, wait_for_quiet  # noqa: E402
 from benchmarks.training import StepTimer  # noqa: E402
-import _common  # noqa: E402
-import bert_pretrain  # noqa: E402
-import gpt_lm  # noqa: E402
+
+# The recipes' default settings (recipes/_language_models.py, recipes/bert_pretrain.py and
+# recipes/_common.py; tests/recipes/test_benchmark_settings.py keeps them equal).
+GPT_LM = dict(preset="gpt_tiny", dataset="kzoo_tiny_shakespeare", batch_size=32, sequence_length=128,
+              learning_rate=2e-3, steps=1500, epochs=10, seed=0)
+BERT_PRETRAIN = dict(preset="bert_tiny", dataset="kzoo_rt_polarity", batch_size=64, sequence_length=64,
+                     max_sequence_length=128, vocabulary_size=8192, vocabulary_texts=30_000, learning_rate=1e-3,
+                     steps=4000, epochs=4, pack=True, seed=0)
+WARMUP_FRACTION = 0.05
+
+
+def compile_like_the_recipes(model, settings, steps_per_epoch):
+    """`Task.compile` with the recipes' schedule: linear warmup, then cosine decay to 0 at the last step."""
+    total_steps = steps_per_epoch * settings["epochs"]
+    warmup_steps = math.ceil(WARMUP_FRACTION * total_steps)
+    model.compile(learning_rate=settings["learning_rate"], warmup_steps=warmup_steps,
+                  decay_steps=total_steps - warmup_steps, jit_compile=False)
 
 
 def gpt_lm_case():
-    args = _common.parse_args([], gpt_lm.__file__, "", gpt_lm.DEFAULTS, gpt_lm.QUICK, gpt_lm.add_arguments)
-    model = gpt_lm.language_model(args)
-    tokenizer = kzoo.data.character_tokenizer(model.backbone.vocabulary_size)
-    windows = _common.text_windows(
-        args, "train", tokenizer, args.sequence_length, args.batch_size, stride=1, shuffle=True
-    )
-    return args, model, windows.map(gpt_lm.gpt_inputs), int(windows.cardinality())
+    settings = GPT_LM
+    backbone = kzoo.models.GPTBackbone.from_preset(settings["preset"], max_sequence_length=settings["sequence_length"])
+    model = kzoo.models.GPTCausalLM(backbone)
+    tokenizer = kzoo.data.character_tokenizer(backbone.vocabulary_size)
+    texts = kzoo.data.load(settings["dataset"], "train")
+    token_ids = np.concatenate([np.asarray(tokenizer(row["text"] + b"\n")) for row in texts.as_numpy_iterator()])
+    windows = kzoo.data.lm_windows(token_ids, settings["sequence_length"], settings["batch_size"], stride=1,
+                                   shuffle_buffer_size=len(token_ids), seed=settings["seed"])
+
+    def gpt_inputs(inputs, targets):
+        return {"token_ids": inputs, "padding_mask": tf.ones_like(inputs)}, targets
+
+    steps_per_epoch = math.ceil(settings["steps"] / settings["epochs"])
+    return settings, model, windows.map(gpt_inputs), steps_per_epoch
 
 
 def bert_pretrain_case():
-    args = _common.parse_args(
-        ["--datasets", "kzoo_rt_polarity"], bert_pretrain.__file__, "", bert_pretrain.DEFAULTS, bert_pretrain.QUICK,
-        bert_pretrain.add_arguments,
-    )
-    texts = bert_pretrain.corpus_texts(args)
-    tokenizer = _common.word_piece_tokenizer(args, texts, lowercase=True)
+    settings = BERT_PRETRAIN
+    rows = kzoo.data.load(settings["dataset"], "train").as_numpy_iterator()
+    texts = [row["text"].decode("utf-8") for row in rows]
+    sample = texts
+    if len(texts) > settings["vocabulary_texts"]:
+        sample = kzoo.data.seeded_split(texts, {"sample": 1.0}, settings["seed"])["sample"]
+        sample = sample[: settings["vocabulary_texts"]]
+    vocabulary = kzoo.data.train_word_piece_vocabulary(sample, settings["vocabulary_size"], lowercase=True)
+    tokenizer = kzoo.data.word_piece_tokenizer(vocabulary, lowercase=True)
     batches = kzoo.data.masked_lm_batches(
-        tf.data.Dataset.from_tensor_slices(texts), tokenizer, args.sequence_length, args.batch_size,
-        pack=args.pack, seed=args.seed, shuffle_buffer_size=len(texts),
+        tf.data.Dataset.from_tensor_slices(texts), tokenizer, settings["sequence_length"], settings["batch_size"],
+        pack=settings["pack"], seed=settings["seed"], shuffle_buffer_size=len(texts),
     )
     backbone = kzoo.models.BertBackbone.from_preset(
-        args.preset, vocabulary_size=tokenizer.vocabulary_size(), max_sequence_length=args.max_sequence_length
+        settings["preset"],
+        vocabulary_size=tokenizer.vocabulary_size(),
+        max_sequence_length=settings["max_sequence_length"],
     )
-    return args, kzoo.models.BertMaskedLM(backbone), batches, -(-len(texts) // args.batch_size)
+    steps_per_epoch = math.ceil(settings["steps"] / settings["epochs"])
+    return settings, kzoo.models.BertMaskedLM(backbone), batches, steps_per_epoch
 
 
 def benchmark(case, steps, rounds, batches):
-    args, model, live, steps_per_epoch = case
-    _common.compile_task(model, args, steps_per_epoch, jit_compile=False)
+    settings, model, live, steps_per_epoch = case
+    compile_like_the_recipes(model, settings, steps_per_epoch)
     in_memory = live.take(batches).cache().repeat()
     live = live.repeat().prefetch(tf.data.AUTOTUNE)
     model.fit(in_memory, epochs=1, steps_per_epoch=batches, verbose=0)  # fills the cache, traces
@@ -78,8 +102,8 @@ def benchmark(case, steps, rounds, batches):
             model.fit(data, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[timers[name]])
     medians = {name: float(np.median(timer.times)) for name, timer in timers.items()}
     return {
-        "batch_size": args.batch_size,
-        "sequence_length": args.sequence_length,
+        "batch_size": settings["batch_size"],
+        "sequence_length": settings["sequence_length"],
         "median_step_s": {name: round(value, 4) for name, value in medians.items()},
         "ratio_live_over_in_memory": round(medians["live"] / medians["in_memory"], 3),
     }

@@ -5,6 +5,8 @@
 
 __version__ = "0.1.0"
 
+from kzoo import config
 from kzoo import layers
 from kzoo import models
+from kzoo import ops
 from kzoo import samplers

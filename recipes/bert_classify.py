@@ -22,8 +22,8 @@ carries its tokenizer: `classifier.predict(["a fine film"])` gives labels (1: po
 
 import math
 
+import _bert
 import _common
-import bert_pretrain
 import keras
 import tensorflow as tf
 
@@ -68,7 +68,7 @@ def main(argv=None):
     num_classes = max(labels) + 1
     steps_per_epoch = _common.steps_per_epoch(args, math.ceil(len(texts) / args.batch_size))
 
-    backbone, tokenizer = bert_pretrain.backbone_and_tokenizer(args, run, texts)
+    backbone, tokenizer = _bert.backbone_and_tokenizer(args, run, texts)
     classifier_batches = dict(
         tokenizer=tokenizer,
         sequence_length=args.sequence_length,

@@ -20,7 +20,6 @@ Saves `model.keras`, which carries its tokenizer, into the output folder; `--che
 import argparse
 
 import _common
-import keras
 import tensorflow as tf
 
 import kzoo
@@ -138,30 +137,6 @@ def _count(dataset):
 def _text(value):
     """A string feature, or a list of tokens (WNUT-17) joined back into a sentence."""
     return tf.strings.reduce_join(value, separator=" ") if value.shape.rank else value
-
-
-def backbone_and_tokenizer(args, run, texts, lowercase=True):
-    """The backbone and tokenizer a fine-tuning recipe starts from.
-
-    With `--checkpoint`: the pretrained backbone and its tokenizer (`_common.load_checkpoint`:
-    MiniLM, a Hugging Face folder or a `bert_pretrain.py` run). Otherwise a new `--preset`
-    backbone and a WordPiece vocabulary of `--vocabulary-size` fitted on `texts` (the
-    fine-tuning training text).
-    """
-    if args.checkpoint:
-        backbone, tokenizer = _common.load_checkpoint(args, run, kzoo.models.BertBackbone)
-        if args.sequence_length > backbone.max_sequence_length:
-            args.parser.error(
-                f"--sequence-length {args.sequence_length} exceeds the pretrained backbone's "
-                f"{backbone.max_sequence_length} positions."
-            )
-        return backbone, tokenizer
-    tokenizer = _common.word_piece_tokenizer(args, texts, lowercase)
-    with run.scope():
-        backbone = kzoo.models.BertBackbone.from_preset(
-            args.preset, vocabulary_size=tokenizer.vocabulary_size(), max_sequence_length=args.sequence_length
-        )
-    return backbone, tokenizer
 
 
 if __name__ == "__main__":

@@ -25,8 +25,8 @@ Each task's files go into a subfolder (`upos/`, `ner/`) of the output folder.
 
 import math
 
+import _bert
 import _common
-import bert_pretrain
 import numpy as np
 
 import kzoo
@@ -89,7 +89,7 @@ def train_tagger(args, run, task):
         for split in {"train", spec["validation"], *spec.get("entity_splits", ())}
     }
     sentences = [b" ".join(words).decode("utf-8") for words, _ in splits["train"].as_numpy_iterator()]
-    backbone, tokenizer = bert_pretrain.backbone_and_tokenizer(args, run, sentences, lowercase=False)
+    backbone, tokenizer = _bert.backbone_and_tokenizer(args, run, sentences, lowercase=False)
 
     def batches(split, **shuffle):
         return kzoo.data.tagging_batches(

@@ -24,28 +24,14 @@ import math
 import sys
 
 import _common
+import _language_models
 import keras
 import numpy as np
-import tensorflow as tf
 
 import kzoo
 import kzoo.data
 import kzoo.visualization
 
-DEFAULTS = dict(
-    preset="gpt_tiny",
-    steps=1500,
-    epochs=10,
-    batch_size=32,
-    learning_rate=2e-3,
-    dataset="kzoo_tiny_shakespeare",
-    sequence_length=128,
-    dropout=0.0,
-    validation_batches=None,
-    prompt="ROMEO:",
-    sample_length=120,
-)
-QUICK = dict(steps=40, epochs=2, batch_size=16, sequence_length=64, validation_batches=8, sample_length=48)
 # The README's main job: enough training that a sample reads like words (validation loss
 # below 2.1 nats/char) in about 2-3 minutes on a 2-core CPU.
 SHORT = dict(steps=1000, epochs=2)
@@ -55,16 +41,8 @@ ATTENTION_CHARACTERS = 40
 TOP_K = 5
 
 
-def add_data_arguments(parser):
-    """The flags of the data and model size, which `rnn_lm.py` shares."""
-    parser.add_argument("--dataset", help="a kzoo or tensorflow-datasets dataset with a 'text' feature")
-    parser.add_argument("--sequence-length", type=int, help="characters per training window")
-    parser.add_argument("--dropout", type=float, help="the model's dropout")
-    parser.add_argument("--validation-batches", type=int, help="validation batches per epoch, or all")
-
-
 def add_arguments(parser):
-    add_data_arguments(parser)
+    _language_models.add_data_arguments(parser)
     parser.add_argument(
         "--short", action="store_true", help=f"the README's main job, about 2-3 minutes of training: {SHORT}"
     )
@@ -75,14 +53,15 @@ def add_arguments(parser):
 def parse_args(argv=None):
     """The flags; `--short` puts `SHORT` in place of the defaults, flags given still win."""
     short = "--short" in (sys.argv[1:] if argv is None else argv)
-    return _common.parse_args(argv, __file__, __doc__, {**DEFAULTS, **SHORT} if short else DEFAULTS, QUICK, add_arguments)
+    defaults = {**_language_models.DEFAULTS, **SHORT} if short else _language_models.DEFAULTS
+    return _common.parse_args(argv, __file__, __doc__, defaults, _language_models.QUICK, add_arguments)
 
 
 def main(argv=None):
     args = parse_args(argv)
     run = _common.start(args)
     with run.scope():
-        lm = language_model(args)
+        lm = _language_models.language_model(args)
     tokenizer = lm.tokenizer
     prompt_ids = np.asarray(tokenizer(args.prompt)).tolist()
     if len(prompt_ids) + args.sample_length > args.sequence_length:
@@ -98,7 +77,10 @@ def main(argv=None):
     with run.scope():
         _common.compile_task(lm, args, steps_per_epoch, run.jit_compile)
     history = run.fit(
-        lm, train_windows.map(gpt_inputs).repeat(), steps_per_epoch, validation_data=validation_windows.map(gpt_inputs)
+        lm,
+        train_windows.map(_language_models.gpt_inputs).repeat(),
+        steps_per_epoch,
+        validation_data=validation_windows.map(_language_models.gpt_inputs),
     )
 
     sample = continue_prompt(lm, tokenizer, prompt_ids, args)
@@ -120,20 +102,6 @@ def main(argv=None):
         **reload_check,
     }
     return run.finish({args.preset: history}, metrics, steps_per_epoch)
-
-
-def language_model(args):
-    """The `--preset` GPT with `--dropout`, and as many positions as `--sequence-length`
-    (positions past the training windows would never be trained), with its character tokenizer."""
-    backbone = kzoo.models.GPTBackbone.from_preset(
-        args.preset, dropout=args.dropout, max_sequence_length=args.sequence_length
-    )
-    return kzoo.models.GPTCausalLM(backbone, tokenizer=kzoo.data.character_tokenizer(backbone.vocabulary_size))
-
-
-def gpt_inputs(inputs, targets):
-    """GPT inputs for full windows: no padding."""
-    return {"token_ids": inputs, "padding_mask": tf.ones_like(inputs)}, targets
 
 
 def continue_prompt(lm, tokenizer, prompt_ids, args):
@@ -162,7 +130,7 @@ def check_reload(lm, model_path, validation_windows, prompt_ids, sample, args):
     """
     reloaded = keras.saving.load_model(model_path, compile=False)
     tokenizer = reloaded.tokenizer
-    x, _ = gpt_inputs(*next(iter(validation_windows)))
+    x, _ = _language_models.gpt_inputs(*next(iter(validation_windows)))
     difference = float(np.max(np.abs(lm.predict_on_batch(x) - reloaded.predict_on_batch(x))))
     if difference > 1e-4:
         raise RuntimeError(f"The reloaded model's logits differ from the trained model's by {difference:.3g}.")

@@ -34,14 +34,14 @@ import json
 from pathlib import Path
 
 import _common
-import seq2seq_translate
+import _seq2seq
 
 import kzoo
 import kzoo.data
 from kzoo.data.tokenizers import EOS_ID
 
 DEFAULTS = dict(
-    seq2seq_translate.DEFAULTS,
+    _seq2seq.DEFAULTS,
     preset="gpt_tiny",
     # 1.6 passes over the 95,172 training pairs: the whole run fits in 15 minutes on 2 CPU cores.
     steps=2400,
@@ -51,13 +51,13 @@ DEFAULTS = dict(
     bucket_boundaries="16,20,24,32,48",
     dropout=0.0,
 )
-QUICK = dict(seq2seq_translate.QUICK, sequence_length=48)
+QUICK = dict(_seq2seq.QUICK, sequence_length=48)
 # Where `seq2seq_translate.py` leaves its run with its default flags.
 SEQ2SEQ_RUN = Path("runs", "seq2seq_translate")
 
 
 def add_arguments(parser):
-    seq2seq_translate.add_arguments(
+    _seq2seq.add_arguments(
         parser, sequence_length_help="the most tokens of `english [SEP] spanish [EOS]`: the model's positions"
     )
     parser.add_argument("--dropout", type=float, help="the model's dropout")
@@ -74,8 +74,8 @@ def main(argv=None):
         args.parser.error(f"--sequence-length must be >= 3 ([SEP], [EOS] and a token); received {args.sequence_length}.")
     seq2seq_record = read_seq2seq_run(args)
     run = _common.start(args)
-    splits = seq2seq_translate.load_pairs(args)
-    train, sources, targets = seq2seq_translate.training_texts(args, splits["train"])
+    splits = _seq2seq.load_pairs(args)
+    train, sources, targets = _seq2seq.training_texts(args, splits["train"])
     tokenizer = _common.word_piece_tokenizer(args, sources + targets, lowercase=False)
 
     def batches(pairs, **kwargs):
@@ -105,11 +105,11 @@ def main(argv=None):
     history = run.fit(lm, train_batches, steps_per_epoch, validation_batches)
     run.save(lm)
 
-    test_sources, references = seq2seq_translate.test_pairs(splits["test"], args.evaluation_examples)
+    test_sources, references = _seq2seq.test_pairs(splits["test"], args.evaluation_examples)
     hypotheses = translate(lm, tokenizer, test_sources, args.sequence_length, args.decode_batch_size)
-    examples = seq2seq_translate.show_examples(test_sources, references, hypotheses)
+    examples = _seq2seq.show_examples(test_sources, references, hypotheses)
     metrics = {
-        "test_bleu": seq2seq_translate.corpus_bleu(tokenizer, references, hypotheses),
+        "test_bleu": _seq2seq.corpus_bleu(tokenizer, references, hypotheses),
         "validation_loss": history["val_loss"][-1],
         "validation_token_accuracy": history["val_accuracy"][-1],
         "test_examples": len(test_sources),

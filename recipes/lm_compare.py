@@ -31,10 +31,9 @@ Writes into the output folder `metrics.json` (the table, and each model's curve)
 import time
 
 import _common
-import gpt_lm
+import _language_models
 import keras
 import matplotlib
-import rnn_lm
 from matplotlib.figure import Figure
 
 import kzoo
@@ -43,7 +42,7 @@ import kzoo.training
 
 MODELS = ("feed_forward", "rnn", "lstm", "gru", "gpt")
 DEFAULTS = dict(
-    gpt_lm.DEFAULTS,
+    _language_models.DEFAULTS,
     steps=None,
     models=",".join(MODELS),
     seconds_per_model=120.0,
@@ -54,7 +53,7 @@ DEFAULTS = dict(
 )
 del DEFAULTS["epochs"], DEFAULTS["prompt"], DEFAULTS["sample_length"]
 QUICK = dict(
-    {key: gpt_lm.QUICK[key] for key in ("batch_size", "sequence_length")},
+    {key: _language_models.QUICK[key] for key in ("batch_size", "sequence_length")},
     seconds_per_model=1.0,
     evaluations=1,
     validation_batches=2,
@@ -66,7 +65,7 @@ WARMUP_STEPS = 20
 
 
 def add_arguments(parser):
-    gpt_lm.add_data_arguments(parser)
+    _language_models.add_data_arguments(parser)
     parser.add_argument("--models", help=f"comma-separated models to train: {', '.join(MODELS)}")
     parser.add_argument("--seconds-per-model", type=float, help="training time of each model, in seconds")
     parser.add_argument("--evaluations", type=int, help="validations of each model after the first step")
@@ -78,7 +77,7 @@ def main(argv=None):
     args = _common.parse_args(argv, __file__, __doc__, DEFAULTS, QUICK, add_arguments)
     names = check_arguments(args)
     run = _common.start(args)
-    gpt = gpt_lm.language_model(args)
+    gpt = _language_models.language_model(args)
     budget, vocabulary_size = gpt.count_params(), gpt.backbone.vocabulary_size
     widths = {name: width_for_budget(name, args, vocabulary_size, budget) for name in names}
     tokenizer = kzoo.data.character_tokenizer(vocabulary_size)
@@ -99,7 +98,7 @@ def main(argv=None):
             model = language_model(name, args, vocabulary_size, widths[name])
             model.compile(learning_rate=args.learning_rate, warmup_steps=WARMUP_STEPS, jit_compile=run.jit_compile)
         if name == "gpt":
-            train, validation = train.map(gpt_lm.gpt_inputs), validation.map(gpt_lm.gpt_inputs)
+            train, validation = train.map(_language_models.gpt_inputs), validation.map(_language_models.gpt_inputs)
         clock = TrainingClock(name, args.seconds_per_model, args.evaluations, validation)
         with _common.stop_on_divergence(args, run.output_dir):
             model.fit(
@@ -154,12 +153,12 @@ def check_arguments(args):
 def language_model(name, args, vocabulary_size, width):
     """The model `name`, of hidden width `width` (the GPT keeps its preset's)."""
     if name == "gpt":
-        return gpt_lm.language_model(args)
+        return _language_models.language_model(args)
     if name == "feed_forward":
         return kzoo.models.FeedForwardLanguageModel(
             vocabulary_size, args.window_size, args.embedding_dim, width, dropout=args.dropout, name="feed_forward_lm"
         )
-    return rnn_lm.language_model(vocabulary_size, args.embedding_dim, width, name, args.dropout)
+    return _language_models.rnn_language_model(vocabulary_size, args.embedding_dim, width, name, args.dropout)
 
 
 def width_for_budget(name, args, vocabulary_size, budget):
@@ -168,7 +167,9 @@ def width_for_budget(name, args, vocabulary_size, budget):
     if name == "gpt":
         return None
     width = _common.width_for_budget(
-        lambda width: language_model(name, args, vocabulary_size, width).count_params(), budget, rnn_lm.WIDTH_STEP
+        lambda width: language_model(name, args, vocabulary_size, width).count_params(),
+        budget,
+        _language_models.WIDTH_STEP,
     )
     parameters = language_model(name, args, vocabulary_size, width).count_params()
     if abs(parameters - budget) > BUDGET_TOLERANCE * budget:

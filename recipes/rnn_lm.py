@@ -20,13 +20,13 @@ import math
 from pathlib import Path
 
 import _common
-import gpt_lm
+import _language_models
 
 import kzoo
 import kzoo.data
 
 DEFAULTS = dict(
-    gpt_lm.DEFAULTS,
+    _language_models.DEFAULTS,
     # Two models to train, each about as slow per step as the GPT on a CPU: 1500 steps
     # each would not fit the 15 minutes a recipe may take there.
     steps=800,
@@ -35,12 +35,11 @@ DEFAULTS = dict(
     gpt_run=str(Path("runs", "gpt_lm")),
 )
 del DEFAULTS["prompt"], DEFAULTS["sample_length"]
-QUICK = {key: value for key, value in gpt_lm.QUICK.items() if key in DEFAULTS}
-WIDTH_STEP = 8
+QUICK = {key: value for key, value in _language_models.QUICK.items() if key in DEFAULTS}
 
 
 def add_arguments(parser):
-    gpt_lm.add_data_arguments(parser)
+    _language_models.add_data_arguments(parser)
     parser.add_argument("--cells", help="comma-separated recurrent cells to train: lstm, gru, rnn")
     parser.add_argument("--embedding-dim", type=int, help="width of the character vectors")
     parser.add_argument("--gpt-run", help="the output folder of a gpt_lm.py run to compare with")
@@ -53,7 +52,7 @@ def main(argv=None):
     if unknown:
         args.parser.error(f"Unknown --cells {unknown}; choose from lstm, gru, rnn.")
     run = _common.start(args)
-    gpt = gpt_lm.language_model(args)
+    gpt = _language_models.language_model(args)
     budget, vocabulary_size = gpt.count_params(), gpt.backbone.vocabulary_size
     tokenizer = kzoo.data.character_tokenizer(vocabulary_size)
 
@@ -67,9 +66,13 @@ def main(argv=None):
 
     histories, metrics = {}, {"parameter_budget": budget}
     for cell in cells:
-        hidden_dim = width_for_budget(budget, vocabulary_size, args.embedding_dim, cell, args.dropout)
+        hidden_dim = _language_models.rnn_width_for_budget(
+            budget, vocabulary_size, args.embedding_dim, cell, args.dropout
+        )
         with run.scope():
-            model = language_model(vocabulary_size, args.embedding_dim, hidden_dim, cell, args.dropout)
+            model = _language_models.rnn_language_model(
+                vocabulary_size, args.embedding_dim, hidden_dim, cell, args.dropout
+            )
             _common.compile_task(model, args, steps_per_epoch, run.jit_compile)
         histories[cell] = run.fit(model, train_windows.repeat(), steps_per_epoch, validation_windows, name=cell)
         metrics[f"{cell}_hidden_dim"] = hidden_dim
@@ -80,21 +83,6 @@ def main(argv=None):
     metrics.update(read_gpt_run(args))
     print_comparison(metrics, cells)
     return run.finish(histories, metrics, steps_per_epoch)
-
-
-def language_model(vocabulary_size, embedding_dim, hidden_dim, cell, dropout):
-    return kzoo.models.RNNLanguageModel(
-        vocabulary_size, embedding_dim, hidden_dim, num_layers=1, cell=cell, dropout=dropout, name=f"{cell}_lm"
-    )
-
-
-def width_for_budget(budget, vocabulary_size, embedding_dim, cell, dropout):
-    """The recurrent width, a multiple of `WIDTH_STEP`, whose model has the parameter count nearest `budget`."""
-
-    def parameters(width):
-        return language_model(vocabulary_size, embedding_dim, width, cell, dropout).count_params()
-
-    return _common.width_for_budget(parameters, budget, WIDTH_STEP)
 
 
 def read_gpt_run(args):

@@ -22,8 +22,8 @@ import collections
 import re
 
 import _common
+import _seq2seq
 import numpy as np
-import seq2seq_translate
 
 DEFAULTS = dict(
     preset="transformer_tiny",
@@ -41,11 +41,11 @@ DEFAULTS = dict(
     evaluation_examples=None,
     decode_batch_size=64,
 )
-QUICK = dict(seq2seq_translate.QUICK, sequence_length=128, target_length=24)
+QUICK = dict(_seq2seq.QUICK, sequence_length=128, target_length=24)
 
 
 def add_arguments(parser):
-    seq2seq_translate.add_arguments(parser, source="abstract")
+    _seq2seq.add_arguments(parser, source="abstract")
     parser.add_argument("--target-length", type=int, help="the most summary tokens ([BOS]/[EOS] included)")
 
 
@@ -54,7 +54,7 @@ def main(argv=None):
     run = _common.start(args)
     splits = {split: _common.load(args, args.dataset, split) for split in ("train", "validation")}
     pairs = {split: dataset.map(lambda paper: (paper["source"], paper["target"])) for split, dataset in splits.items()}
-    model, tokenizer, history, steps_per_epoch = seq2seq_translate.train_seq2seq(
+    model, tokenizer, history, steps_per_epoch = _seq2seq.train_seq2seq(
         args, run, pairs["train"], pairs["validation"], args.sequence_length, args.target_length, lowercase=True
     )
 
@@ -62,12 +62,12 @@ def main(argv=None):
     papers = list(papers.as_numpy_iterator())
     sources = [paper["source"].decode("utf-8") for paper in papers]
     references = [[target.decode("utf-8") for target in paper["targets"]] for paper in papers]
-    summaries = seq2seq_translate.decode(
+    summaries = _seq2seq.decode(
         model, tokenizer, sources, args.sequence_length, args.target_length, args.decode_batch_size
     )
     scores = {name: 100 * np.mean([max(score(r, s) for r in refs) for refs, s in zip(references, summaries)])
               for name, score in ROUGE.items()}  # fmt: skip
-    examples = seq2seq_translate.show_examples(
+    examples = _seq2seq.show_examples(
         [source[:300] + "..." for source in sources], [refs[0] for refs in references], summaries
     )
     metrics = {

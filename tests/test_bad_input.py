@@ -30,6 +30,7 @@ sys.path.insert(0, str(REPOSITORY / "recipes"))  # The recipes import `_common` 
 sys.path.insert(0, str(REPOSITORY / "export"))  # The serving scripts import `serving_example`.
 
 import _common  # noqa: E402
+import _language_models  # noqa: E402
 import gpt_lm  # noqa: E402
 
 V = 64  # The tiny models' vocabulary (tests.export.tiny_models).
@@ -161,7 +162,7 @@ def rerun_with_another_preset(tmp_path, tfds_dir):
 
 def gpt_lm_args(output_dir, tfds_dir):
     argv = [*TINY_RUN, "--output-dir", str(output_dir), "--tfds-dir", str(tfds_dir)]
-    return _common.parse_args(argv, gpt_lm.__file__, gpt_lm.__doc__, gpt_lm.DEFAULTS, gpt_lm.QUICK, gpt_lm.add_arguments)
+    return _common.parse_args(argv, gpt_lm.__file__, gpt_lm.__doc__, _language_models.DEFAULTS, _language_models.QUICK, gpt_lm.add_arguments)
 
 
 def output_dir_is_a_file(tmp_path, tfds_dir):

@@ -1,9 +1,12 @@
-"""The fused training path: `kzoo.ops.fused`, drawn-noise dropout and the token cross-entropy.
+"""kzoo's fused ops against their references, the switch, and the dropout and loss they use.
 
-In training, kzoo's layers run their element-wise chains through `kzoo.ops.fused`
-(one XLA computation each under TensorFlow, in graphs only). These tests hold that
-path to the plain one: same values and gradients where dropout is off, the dropout
-rule itself on hand-made noise, and the loss against Keras' own.
+Each op in `kzoo.ops` runs its reference implementation (plain keras.ops) or,
+in a TensorFlow training graph with fusion on, its fused one (one XLA
+computation forward and one backward, the gradient written out). These tests
+trace the same training computation twice, fusion on and off, and compare
+values and gradients with dropout off and on (an int seed draws the same noise
+on both runs); they check the references against independent arithmetic, and
+that the switch, inference and whole-model XLA never fuse.
 """
 
 import keras
@@ -15,36 +18,214 @@ from keras import ops
 import kzoo
 from kzoo.ops import dropout
 from kzoo.ops import dropout_noise
-from kzoo.ops import fused
+
+
+@pytest.fixture(autouse=True)
+def _fusion_on_after_each_test():
+    yield
+    kzoo.config.set_fused_training(True)
 
 
 def random(*shape, seed=0):
     return np.random.default_rng(seed).normal(size=shape).astype("float32")
 
 
-def test_fused_equals_the_plain_function_in_values_and_gradients():
-    def fn(x, bias, scale):
-        return ops.sigmoid(x + bias) * scale
+def xla_functions(concrete_function):
+    """How many distinct functions in the traced graph XLA must compile (the fused ops' forwards and gradients)."""
+    library = concrete_function.graph.as_graph_def().library.function
+    return sum(1 for f in library if f.attr["_XlaMustCompile"].b)
 
-    x, bias = tf.constant(random(3, 5)), tf.constant(random(5, seed=1))
 
-    def value_and_grads(call):
+def trace(run, tensors, fused):
+    """`run(*tensors)` and the gradients of a weighted sum of its outputs, in one traced graph."""
+    kzoo.config.set_fused_training(fused)
+
+    def go(*tensors):
         with tf.GradientTape() as tape:
-            tape.watch([x, bias])
-            y = call(x, bias)
-            loss = ops.sum(y * ops.arange(5, dtype="float32"))
-        return [y, *tape.gradient(loss, [x, bias])]
+            tape.watch(tensors)
+            outputs = tf.nest.flatten(run(*tensors))
+            loss = sum(ops.sum(ops.cast(y, "float32") * random(*y.shape, seed=9 + i)) for i, y in enumerate(outputs))
+        return outputs + tape.gradient(loss, list(tensors))
 
-    plain = value_and_grads(lambda a, b: fn(a, b, scale=2.0))
-    in_graph = tf.function(lambda: value_and_grads(lambda a, b: fused(fn, a, b, scale=2.0)))()
-    for got, want in zip(in_graph, plain):
-        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    function = tf.function(go).get_concrete_function(*tensors)
+    return [ops.convert_to_numpy(t) for t in function(*tensors)], xla_functions(function)
 
 
-def test_fused_accepts_variables_and_missing_arguments():
-    variable = keras.Variable(np.ones(3, "float32"))
-    graph = tf.function(lambda: fused(lambda v, none: v * 2 if none is None else v, variable, None))
-    np.testing.assert_array_equal(graph(), [2.0, 2.0, 2.0])
+def assert_fused_equals_reference(run, tensors, tolerance=1e-5):
+    want, plain_compiled = trace(run, tensors, fused=False)
+    got, fused_compiled = trace(run, tensors, fused=True)
+    assert plain_compiled == 0 and fused_compiled >= 1  # the two runs took different paths
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=tolerance, atol=tolerance)
+    return got
+
+
+RATES = [0.0, 0.3]
+
+
+def _mask():
+    mask = np.ones((2, 1, 4, 6), bool)
+    mask[0, :, 1] = False  # query 1 of example 0 has no key
+    mask[1, :, :, 4:] = False
+    return mask
+
+
+@pytest.mark.parametrize("rate", RATES)
+@pytest.mark.parametrize("return_undropped", [False, True])
+def test_softmax_dropout_fused_equals_reference(rate, return_undropped):
+    scores = tf.constant(random(2, 3, 4, 6) * 2)
+
+    def run(scores):
+        return kzoo.ops.softmax_dropout(
+            scores, _mask(), scale=0.5, rate=rate, seed=5, training=True, return_undropped=return_undropped
+        )
+
+    assert_fused_equals_reference(run, [scores])
+
+
+def test_softmax_dropout_reference_is_the_masked_softmax_with_key_less_rows_zero():
+    scores = random(2, 3, 4, 6)
+    weights = ops.convert_to_numpy(kzoo.ops.softmax_dropout(scores, _mask(), scale=0.5))
+    exp = np.where(_mask(), np.exp(0.5 * scores), 0.0)
+    want = np.divide(exp, exp.sum(-1, keepdims=True), out=np.zeros_like(exp), where=exp.sum(-1, keepdims=True) > 0)
+    np.testing.assert_allclose(weights, want, rtol=1e-5, atol=1e-7)
+    # Dropout in training: the same weights rescaled where kept, zero elsewhere.
+    dropped = kzoo.ops.softmax_dropout(scores, _mask(), scale=0.5, rate=0.5, seed=1, training=True)
+    dropped = ops.convert_to_numpy(dropped)
+    kept = dropped != 0
+    np.testing.assert_allclose(dropped[kept], 2 * want[kept], rtol=1e-5)
+    assert 0.35 < kept[want > 0].mean() < 0.65
+
+
+def _gamma_beta(d, seed=3):
+    return tf.constant(random(d, seed=seed) + 1.0), tf.constant(random(d, seed=seed + 1))
+
+
+@pytest.mark.parametrize("rate", RATES)
+def test_residual_dropout_layer_norm_fused_equals_reference(rate):
+    x, y = tf.constant(random(2, 5, 16) * 3 + 1), tf.constant(random(2, 5, 16, seed=1))
+    gamma, beta = _gamma_beta(16)
+
+    def run(x, y, gamma, beta):
+        return kzoo.ops.residual_dropout_layer_norm(x, y, gamma, beta, epsilon=1e-3, rate=rate, seed=6, training=True)
+
+    assert_fused_equals_reference(run, [x, y, gamma, beta])
+
+
+def test_layer_norm_fused_equals_reference_and_keras():
+    x = tf.constant(random(2, 5, 16) * 3 + 1)
+    gamma, beta = _gamma_beta(16)
+    got = assert_fused_equals_reference(
+        lambda x, gamma, beta: kzoo.ops.layer_norm(x, gamma, beta, epsilon=1e-3, training=True), [x, gamma, beta]
+    )
+    keras_norm = keras.layers.LayerNormalization(epsilon=1e-3)
+    keras_norm.build(x.shape)
+    keras_norm.set_weights([gamma.numpy(), beta.numpy()])
+    np.testing.assert_allclose(got[0], keras_norm(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rate", [0.3])
+def test_residual_dropout_fused_equals_reference_and_drops_y_only(rate):
+    x, y = tf.constant(random(2, 5, 16)), tf.constant(random(2, 5, 16, seed=1))
+    run = lambda x, y: kzoo.ops.residual_dropout(x, y, rate=rate, seed=2, training=True)  # noqa: E731
+    got = assert_fused_equals_reference(run, [x, y])
+    kept = got[0] != x.numpy()
+    np.testing.assert_allclose(got[0][kept], (x.numpy() + y.numpy() / (1 - rate))[kept], rtol=1e-5)
+    assert abs(kept.mean() - (1 - rate)) < 0.15
+
+
+@pytest.mark.parametrize("rate", RATES)
+@pytest.mark.parametrize("activation", ["gelu_approximate", "relu", "tanh"])
+def test_bias_activation_dropout_fused_equals_reference(activation, rate):
+    # tanh has no written-out derivative: TensorFlow differentiates the fused forward.
+    x, bias = tf.constant(random(2, 5, 24)), tf.constant(random(24, seed=1))
+
+    def run(x, bias):
+        return kzoo.ops.bias_activation_dropout(x, bias, activation=activation, rate=rate, seed=4, training=True)
+
+    got = assert_fused_equals_reference(run, [x, bias], tolerance=2e-5)
+    if rate == 0:
+        want = kzoo.ops.get_activation(activation)(x + bias)
+        np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-6)
+
+
+def test_sparse_softmax_cross_entropy_fused_equals_reference():
+    logits = tf.constant(random(2, 5, 11) * 3)
+    labels = np.random.default_rng(1).integers(0, 11, (2, 5)).astype("int32")
+    assert_fused_equals_reference(lambda logits: kzoo.ops.sparse_softmax_cross_entropy(labels, logits), [logits])
+
+
+def test_the_fused_ops_compile_once_for_every_layer_of_a_model():
+    """A deeper model of equal layers compiles no more fused computations: they are shared."""
+
+    def compiled(num_layers):
+        backbone = kzoo.models.GPTBackbone(vocabulary_size=50, num_layers=num_layers, num_heads=2, hidden_dim=16,
+                                           intermediate_dim=32, max_sequence_length=8, dropout=0.1)
+        ids = tf.ones((2, 8), "int32")
+
+        def step():
+            with tf.GradientTape() as tape:
+                loss = ops.sum(backbone({"token_ids": ids, "padding_mask": ids}, training=True))
+            return tape.gradient(loss, backbone.trainable_weights)
+
+        return xla_functions(tf.function(step).get_concrete_function())
+
+    one, three = compiled(1), compiled(3)
+    # layer_norm, residual_dropout, softmax_dropout, bias_activation_dropout: a forward and a gradient each.
+    assert one == three == 8
+
+
+def _block_step(block, x, training):
+    def step():
+        with tf.GradientTape() as tape:
+            y = block(x, training=training)
+            loss = ops.sum(ops.square(y))
+        return [y, *tape.gradient(loss, block.trainable_weights)]
+
+    return tf.function(step).get_concrete_function()
+
+
+def test_the_switch_inference_and_whole_model_xla_run_the_references():
+    block = kzoo.layers.TransformerEncoderBlock(2, 32, dropout=0.1)
+    x = tf.constant(random(2, 6, 16))
+    block(x)
+    assert xla_functions(_block_step(block, x, training=True)) > 0
+    assert xla_functions(_block_step(block, x, training=False)) == 0
+    kzoo.config.set_fused_training(False)
+    assert not kzoo.config.is_fused_training_enabled()
+    assert xla_functions(_block_step(block, x, training=True)) == 0
+    kzoo.config.set_fused_training(True)
+    # Under jit_compile the whole step is one XLA computation, with nothing compiled on its own inside.
+    compiled = tf.function(lambda: block(x, training=True), jit_compile=True).get_concrete_function()
+    assert xla_functions(compiled) == 0
+    with pytest.raises(ValueError, match="`enabled` must be a bool"):
+        kzoo.config.set_fused_training("no")
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_a_block_trains_fused_as_it_trains_plain(norm_first):
+    """A whole decoder block, dropout on: fused and plain training steps agree in values and gradients."""
+    block = kzoo.layers.TransformerDecoderBlock(
+        2, 32, dropout=0.2, activation="gelu_approximate", norm_first=norm_first
+    )
+    x, encoded = tf.constant(random(2, 6, 16)), tf.constant(random(2, 3, 16, seed=1))
+    masks = dict(padding_mask=np.array([[1, 1, 1, 1, 0, 0], [1] * 6], bool),
+                 encoder_padding_mask=np.array([[1, 1, 0], [1, 1, 1]], bool))
+    block(x, encoded, **masks)
+    weights = [w.value for w in block.trainable_weights]
+    seeds = [getattr(layer, "seed_generator", None) for layer in block._flatten_layers()]  # the block's included
+    seeds = [seed for seed in seeds if seed is not None]
+    start = [ops.convert_to_numpy(s.state) for s in seeds]
+
+    def run(x, encoded, *weights):
+        for seed, state in zip(seeds, start):  # the same noise on both runs
+            seed.state.assign(state)
+        return block(x, encoded, **masks, training=True)
+
+    assert_fused_equals_reference(run, [x, encoded, *weights], tolerance=1e-4)
+
+
+# Dropout from drawn noise.
 
 
 def test_dropout_keeps_where_the_16_bit_number_reaches_the_rate_and_rescales():
@@ -82,76 +263,11 @@ def test_noise_from_a_seed_generator_spans_int32_drops_at_the_rate_and_differs_p
     assert not np.array_equal(bits, ops.convert_to_numpy(again))
 
 
-def test_bert_embedding_norm_is_the_sum_normalized_then_dropped():
-    from kzoo.models.bert.bert_backbone import LayerNormalization
-
-    a, b = tf.constant(random(4, 64, 32)), tf.constant(random(4, 64, 32, seed=1))
-    norm = LayerNormalization(0.5, epsilon=1e-12)
-    plain = keras.layers.LayerNormalization(epsilon=1e-12)(a + b)
-    np.testing.assert_allclose(norm([a, b]), plain, rtol=1e-5, atol=1e-5)
-    trained = ops.convert_to_numpy(tf.function(lambda: norm([a, b], training=True))())
-    kept = trained != 0
-    np.testing.assert_allclose(trained[kept], 2 * ops.convert_to_numpy(plain)[kept], rtol=1e-5, atol=1e-5)
-    assert abs(kept.mean() - 0.5) < 0.02
-    assert LayerNormalization.from_config(norm.get_config()).dropout == 0.5
-
-
-def test_bert_weights_keep_the_keras_layer_norm_path(tmp_path):
-    # Files saved when the embedding LayerNorm was `keras.layers.LayerNormalization` still load.
-    import zipfile
-
-    import h5py
-
-    backbone = kzoo.models.BertBackbone(vocabulary_size=50, num_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=16)
-    backbone.save(tmp_path / "bert.keras")
-    with zipfile.ZipFile(tmp_path / "bert.keras") as archive, archive.open("model.weights.h5") as weights:
-        assert list(h5py.File(weights)["layers/layer_normalization/vars"]) == ["0", "1"]
-
-
 def test_inside_whole_model_xla_the_noise_is_uniform_floats():
     seed = keras.random.SeedGenerator(1)
     noise = tf.function(lambda: dropout_noise((4, 5), 0.1, seed), jit_compile=True)()
     assert tuple(noise.shape) == (4, 5) and noise.dtype == "float32"
     np.testing.assert_allclose(dropout(ops.ones((3,)), ops.array([0.05, 0.1, 0.9]), 0.1), [0.0, 1 / 0.9, 1 / 0.9], rtol=1e-6)
-
-
-def test_fused_attention_drops_the_inference_weights_and_zeros_key_less_rows():
-    query, key = tf.constant(random(2, 3, 4, 8)), tf.constant(random(2, 3, 6, 8, seed=1))
-    value = tf.eye(6, batch_shape=(2, 3))  # the output is the (dropped) weights themselves
-    mask = np.ones((2, 1, 4, 6), bool)
-    mask[0, :, 1] = False  # query 1 of example 0 has no key
-    mask[1, :, :, 4:] = False
-    attention = kzoo.layers.scaled_dot_product_attention
-    _, want = attention(query, key, value, mask=mask, return_scores=True)
-    dropped, weights = tf.function(
-        lambda: attention(query, key, value, mask=mask, dropout_rate=0.5, training=True, return_scores=True, seed=3)
-    )()
-    np.testing.assert_allclose(weights, want, atol=1e-6)
-    dropped, want = ops.convert_to_numpy(dropped), ops.convert_to_numpy(want)
-    kept = dropped != 0
-    np.testing.assert_allclose(dropped[kept], 2 * want[kept], rtol=1e-5)
-    assert 0.35 < kept[want > 0].mean() < 0.65
-    assert not dropped[0, :, 1].any() and not dropped[1, ..., 4:].any()
-
-
-@pytest.mark.parametrize("norm_first", [False, True])
-def test_a_block_trains_on_the_fused_path_as_it_infers_when_dropout_is_off(norm_first):
-    """With dropout 0, a graph training call (fused) equals the eager inference call, gradients included."""
-    block = kzoo.layers.TransformerDecoderBlock(2, 32, dropout=0.0, activation="gelu_approximate", norm_first=norm_first)
-    x, encoded = tf.constant(random(2, 6, 16)), tf.constant(random(2, 3, 16, seed=1))
-    masks = dict(padding_mask=np.array([[1, 1, 1, 1, 0, 0], [1] * 6], bool), encoder_padding_mask=np.array([[1, 1, 0], [1, 1, 1]], bool))
-    block(x, encoded, **masks)
-
-    def value_and_grads(training):
-        with tf.GradientTape() as tape:
-            y = block(x, encoded, **masks, training=training)
-            loss = ops.sum(ops.square(y))
-        return [y, *tape.gradient(loss, block.trainable_weights)]
-
-    want = value_and_grads(False)
-    got = tf.function(lambda: value_and_grads(True))()
-    for g, w in zip(got, want):
-        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
 
 
 def test_training_dropout_drops_at_the_rate_and_differs_per_call():
@@ -165,6 +281,9 @@ def test_training_dropout_drops_at_the_rate_and_differs_per_call():
     np.testing.assert_allclose(np.unique(first), [0.0, 1 / 0.75], rtol=1e-6)
     assert abs((first == 0).mean() - 0.25) < 0.02
     assert not np.array_equal(first, second)
+
+
+# The loss.
 
 
 def test_token_cross_entropy_equals_keras_in_values_and_gradients():
@@ -209,102 +328,11 @@ def test_token_cross_entropy_round_trips_through_its_config():
 def test_gelu_approximate_is_gpt2_s_tanh_gelu():
     x = np.linspace(-6, 6, 1001).astype("float32")
     want = 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
-    np.testing.assert_allclose(kzoo.layers.feed_forward.gelu_approximate(x), want, atol=2e-6)
-
-
-# Hand-written gradients (`fused(..., vjp=...)`) against TensorFlow's own
-# differentiation of the same function run eagerly, with dropout on: the same
-# noise drops the same entries on both paths.
-
-
-def _values_and_grads(run, tensors, compiled):
-    """`run(*tensors)` and the gradients of a weighted sum of it, eagerly or in a graph (fused)."""
-
-    def go():
-        with tf.GradientTape() as tape:
-            tape.watch(tensors)
-            outputs = tf.nest.flatten(run(*tensors))
-            loss = sum(ops.sum(ops.cast(y, "float32") * random(*y.shape, seed=9 + i)) for i, y in enumerate(outputs))
-        return outputs + tape.gradient(loss, tensors)
-
-    return tf.function(go)() if compiled else go()
-
-
-def _assert_same(run, tensors, tolerance=1e-5):
-    want, got = _values_and_grads(run, tensors, False), _values_and_grads(run, tensors, True)
-    for g, w in zip(got, want):
-        np.testing.assert_allclose(g, w, rtol=tolerance, atol=tolerance)
-
-
-@pytest.mark.parametrize("both", [False, True])
-def test_the_attention_softmax_gradient_is_autodiff_s(both):
-    from kzoo.layers.scaled_dot_product_attention import _dropped_weights
-    from kzoo.layers.scaled_dot_product_attention import _dropped_weights_vjp
-
-    scores = tf.constant(random(2, 3, 4, 6) * 2)
-    mask = np.ones((2, 1, 4, 6), bool)
-    mask[0, :, 1] = False  # a query with no key
-    mask[1, :, :, 4:] = False
-    noise = dropout_noise((2, 3, 4, 6), 0.3, seed=5)
-    run = lambda s: fused(_dropped_weights, s, mask, noise, vjp=_dropped_weights_vjp, scale=0.5, rate=0.3, both=both)  # noqa: E731
-    _assert_same(run, [scores])
-
-
-def _layer_norm(**kwargs):
-    norm = keras.layers.LayerNormalization(epsilon=1e-3, **kwargs)
-    norm.build((None, 16))
-    for weight, seed in zip(norm.trainable_weights, (3, 4)):
-        weight.assign(random(16, seed=seed) + 0.5)
-    return norm
-
-
-@pytest.mark.parametrize("settings", [{}, {"center": False}])
-def test_the_residual_layer_norm_gradients_are_autodiff_s(settings):
-    from kzoo.layers._fused_norm import add_dropped_normalize
-    from kzoo.layers._fused_norm import normalize
-
-    norm = _layer_norm(**settings)  # without beta: no written-out gradient, the autodiff fallback
-    x, y = tf.constant(random(2, 5, 16) * 3 + 1), tf.constant(random(2, 5, 16, seed=1))
-    noise = dropout_noise((2, 5, 16), 0.2, seed=6)
-    variables = [v.value for v in norm.trainable_weights]
-    _assert_same(lambda x, y, *_: add_dropped_normalize(norm, x, y, noise, 0.2), [x, y, *variables])
-    _assert_same(lambda x, *_: normalize(norm, x), [x, *variables])
-    _assert_same(lambda x, y: add_dropped_normalize(None, x, y, noise, 0.2), [x, y])
-    eager = ops.convert_to_numpy(norm(x + dropout(y, noise, 0.2)))
-    np.testing.assert_allclose(_values_and_grads(lambda x, y: add_dropped_normalize(norm, x, y, noise, 0.2), [x, y], True)[0], eager, atol=1e-5)
-
-
-def test_the_bert_embedding_norm_gradient_is_autodiff_s():
-    from kzoo.layers._fused_norm import normalize_dropped
-    from kzoo.models.bert.bert_backbone import LayerNormalization
-
-    norm = LayerNormalization(0.3, epsilon=1e-12)
-    a, b, c = (tf.constant(random(2, 5, 16, seed=i)) for i in range(3))
-    norm([a, b, c])
-    norm.gamma.assign(random(16, seed=3) + 1)
-    # The layer draws new noise per call; hold it fixed to compare the two paths.
-    noise = dropout_noise((2, 5, 16), 0.3, seed=7)
-    _assert_same(lambda a, b, c, *_: normalize_dropped(norm, [a, b, c], noise, 0.3), [a, b, c, norm.gamma.value, norm.beta.value])
-
-
-@pytest.mark.parametrize("activation", ["gelu_approximate", "relu", "tanh"])
-def test_the_feed_forward_activation_gradient_is_autodiff_s(activation):
-    # tanh has no written-out derivative: the autodiff fallback.
-    layer = kzoo.layers.FeedForward(24, activation=activation, dropout=0.25, bias_initializer="random_normal")
-    x = tf.constant(random(2, 5, 8))
-    layer(x)
-    seed = layer.hidden_dropout.seed_generator
-    start = ops.convert_to_numpy(seed.state)
-
-    def run(x, *weights):
-        seed.state.assign(start)  # the same noise on both paths
-        return layer(x, training=True)
-
-    _assert_same(run, [x, *[w.value for w in layer.trainable_weights]], tolerance=2e-5)
+    np.testing.assert_allclose(kzoo.ops.gelu_approximate(x), want, atol=2e-6)
 
 
 def test_sum_leading_axes_is_the_sum_over_all_but_the_last_axis():
-    from kzoo.ops import sum_leading_axes
+    from kzoo.ops._fusion import sum_leading_axes
 
     x = random(3, 4, 5)
     np.testing.assert_allclose(sum_leading_axes(x), x.sum(axis=(0, 1)), rtol=1e-5)

@@ -18,9 +18,8 @@ TASKS = {
     models.FeedForwardLanguageModel: "lm",
     models.BertMaskedLM: "lm",
     models.BertClassifier: "classifier",
-    models.BiLSTMClassifier: "classifier",
+    models.BiLSTMClassifier: "classifier",  # or "tagger": see `serving_task`
     models.BertTokenClassifier: "tagger",
-    models.BiLSTMTagger: "tagger",
 }
 
 # The signature that takes raw strings, per task, when the model carries a tokenizer.
@@ -28,7 +27,7 @@ TEXT_SIGNATURES = {"classifier": "classify_text", "causal_lm": "generate_text", 
 
 # Keras' recurrent layers lower to a TFLite WHILE loop only with a static
 # batch, so their TFLite `serving_default` takes batch 1.
-RECURRENT = (models.RNNLanguageModel, models.BiLSTMClassifier, models.BiLSTMTagger)
+RECURRENT = (models.RNNLanguageModel, models.BiLSTMClassifier)
 
 # The length checked as "full" for models without a position table (RNNs, the
 # feed-forward LM).
@@ -41,6 +40,8 @@ INFO_FILE = "kzoo_model.json"
 
 def task_of(model):
     """The serving task of a kzoo model ("causal_lm", "seq2seq", "lm", "classifier", "tagger")."""
+    if getattr(model, "serving_task", None):  # a model that can be either says which
+        return model.serving_task
     for cls, task in TASKS.items():
         if isinstance(model, cls):
             return task
@@ -302,7 +303,10 @@ def _greedy_loop(sampler, start, step, token_ids, prompt_mask, stop_token_ids):
     prefill = tf.reduce_min(tf.reduce_sum(tf.cast(prompt_mask, tf.int32), axis=1))
     logits, cache = start(token_ids[:, :prefill], length)
     noise = tf.zeros((length, batch))  # greedy draws no random numbers
-    token_ids, generated = sampler.run(step, token_ids, prompt_mask, logits, cache, prefill, stop_token_ids, noise)
+    token_ids, generated = sampler.run(
+        step, token_ids, prompt_mask=prompt_mask, logits=logits, cache=cache, index=prefill,
+        stop_token_ids=stop_token_ids, noise=noise,
+    )
     return {"token_ids": token_ids, "padding_mask": tf.cast(tf.logical_or(generated, prompt_mask), tf.int32)}
 
 

@@ -1,6 +1,8 @@
 """Transformer building blocks, written with `keras.ops` for every backend."""
 
+from kzoo.layers.add_and_norm import AddAndNorm
 from kzoo.layers.feed_forward import FeedForward
+from kzoo.layers.layer_normalization import LayerNormalization
 from kzoo.layers.masks import causal_mask
 from kzoo.layers.masks import merge_masks
 from kzoo.layers.multi_head_attention import MultiHeadAttention

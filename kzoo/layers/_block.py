@@ -1,18 +1,17 @@
 """What the transformer encoder and decoder blocks share."""
 
 import keras
-from keras import ops
 
-from kzoo.layers._fused_norm import add_dropped_normalize
-from kzoo.layers._fused_norm import normalize
-from kzoo.layers._validation import check_divisible
-from kzoo.layers._validation import check_positive_int
-from kzoo.layers._validation import clone_initializer
-from kzoo.layers._validation import check_rate
+from kzoo import ops as kzoo_ops
+from kzoo.layers.add_and_norm import AddAndNorm
 from kzoo.layers.feed_forward import FeedForward
-from kzoo.layers.feed_forward import get_activation
+from kzoo.layers.layer_normalization import LayerNormalization
 from kzoo.layers.multi_head_attention import MultiHeadAttention
-from kzoo.ops import dropout_noise
+from kzoo.ops import get_activation
+from kzoo.validation import check_divisible
+from kzoo.validation import check_positive_int
+from kzoo.validation import check_rate
+from kzoo.validation import clone_initializer
 
 
 class TransformerBlockBase(keras.layers.Layer):
@@ -45,6 +44,8 @@ class TransformerBlockBase(keras.layers.Layer):
             check_divisible("num_heads", num_heads, "num_key_value_heads", num_key_value_heads)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
+        # The pre-LN residuals' dropout (post-LN ones are their `AddAndNorm`'s).
+        self.seed_generator = keras.random.SeedGenerator()
         self.supports_masking = True
 
     def _check_width(self, width):
@@ -81,27 +82,28 @@ class TransformerBlockBase(keras.layers.Layer):
         feed_forward.build(x_shape)
         return feed_forward
 
-    def _norm_and_dropout(self, name, x_shape):
-        norm = keras.layers.LayerNormalization(
-            epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=f"{name}_norm"
-        )
+    def _norm(self, name, x_shape):
+        """Pre-LN: the LayerNorm of the sublayer's input. Post-LN: the Add & Norm after it."""
+        if self.norm_first:
+            norm = LayerNormalization(epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=f"{name}_norm")
+        else:
+            norm = AddAndNorm(
+                self.dropout, epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=f"{name}_norm"
+            )
         norm.build(x_shape)
-        return norm, keras.layers.Dropout(self.dropout, dtype=self.dtype_policy, name=f"{name}_dropout")
+        return norm
 
-    def _residual(self, x, sublayer, norm, dropout_layer, training):
+    def _residual(self, x, sublayer, norm, training):
         """Post-LN: norm(x + dropout(f(x))). Pre-LN: x + dropout(f(norm(x))).
 
         `sublayer` returns `(y, extra)`; `extra` (a cache) is passed through.
         """
-        if not training:
-            y, extra = sublayer(norm(x) if self.norm_first else x)
-            y = x + y
-            return (y if self.norm_first else norm(y)), extra
-        # Training: dropout, residual sum and LayerNorm as fused computations
-        # (`kzoo.ops.fused`).
-        y, extra = sublayer(normalize(norm, x) if self.norm_first else x)
-        noise = dropout_noise(ops.shape(y), self.dropout, getattr(dropout_layer, "seed_generator", None))
-        return add_dropped_normalize(None if self.norm_first else norm, x, y, noise, self.dropout), extra
+        if self.norm_first:
+            y, extra = sublayer(norm(x, training=training))
+            x = kzoo_ops.residual_dropout(x, y, rate=self.dropout, seed=self.seed_generator, training=training)
+            return x, extra
+        y, extra = sublayer(x)
+        return norm(x, y, training=training), extra
 
     def compute_mask(self, x, previous_mask=None):
         return previous_mask

@@ -2,14 +2,14 @@ import keras
 import numpy as np
 from keras import ops
 
-from kzoo.layers._validation import check_divisible
-from kzoo.layers._validation import check_positive_int
-from kzoo.layers._validation import clone_initializer
-from kzoo.layers._validation import check_rate
 from kzoo.layers.masks import causal_mask
 from kzoo.layers.masks import keras_mask
 from kzoo.layers.masks import merge_masks
 from kzoo.layers.scaled_dot_product_attention import scaled_dot_product_attention
+from kzoo.validation import check_divisible
+from kzoo.validation import check_positive_int
+from kzoo.validation import check_rate
+from kzoo.validation import clone_initializer
 
 
 @keras.saving.register_keras_serializable(package="kzoo")
@@ -99,7 +99,7 @@ class MultiHeadAttention(keras.layers.Layer):
         self.supports_masking = True
 
     def _projection(self, name, heads, head_dim):
-        return keras.layers.EinsumDense(
+        projection = keras.layers.EinsumDense(
             "btd,dhk->bthk",
             output_shape=(None, heads, head_dim),
             bias_axes="hk" if self.use_bias else None,
@@ -108,6 +108,9 @@ class MultiHeadAttention(keras.layers.Layer):
             dtype=self.dtype_policy,
             name=name,
         )
+        # A padded input keeps its mask through the projection; attention applies it.
+        projection.supports_masking = True
+        return projection
 
     def build(self, query_shape, value_shape=None, key_shape=None):
         value_shape = value_shape or query_shape
@@ -141,35 +144,26 @@ class MultiHeadAttention(keras.layers.Layer):
     def _project(self, x, *denses):
         """`(B, T, d)` -> one head-major `(B, heads, T, head_dim)` per dense.
 
-        The kernels keep `keras.layers.MultiHeadAttention`'s `(d, heads,
-        head_dim)` layout, so checkpoints and keras-hub weights load as they
-        are. For one token (a decoding step) they are applied side by side as
-        a single `(d, sum heads * head_dim)` matrix-vector product instead of
-        one per dense, which made batch-1 greedy generation 1.7x faster on the
-        2-core CPU. For longer inputs each is its own einsum: there the fused
-        GEMM (and its split) made non-XLA training ~5% slower.
+        Each dense is called, except for one token (a decoding step) through
+        float kernels: there the projections run side by side, as one
+        `(d, sum heads * head_dim)` matrix-vector product instead of one
+        small product each. It reads each kernel as the dense's own call
+        does (`kernel` includes a LoRA update); quantized kernels are only
+        read by their dense's call, so those are always called.
         """
-        kernels = [ops.cast(dense.kernel, self.compute_dtype) for dense in denses]
-        biases = [ops.cast(dense.bias, self.compute_dtype) for dense in denses] if self.use_bias else None
-        if x.shape[1] != 1 or len(denses) == 1:
-            outputs = [ops.einsum("btd,dhk->bthk", x, kernel) for kernel in kernels]
-            if biases:
-                outputs = [y + bias for y, bias in zip(outputs, biases)]
-            return [ops.transpose(y, (0, 2, 1, 3)) for y in outputs]
+        side_by_side = x.shape[1] == 1 and len(denses) > 1 and all(d.quantization_mode is None for d in denses)
+        if not side_by_side:
+            return [ops.transpose(dense(x), (0, 2, 1, 3)) for dense in denses]
+        kernels = [ops.cast(dense.kernel, self.compute_dtype) for dense in denses]  # (d, heads, head_dim) each
         y = ops.matmul(x, ops.concatenate([ops.reshape(kernel, (kernel.shape[0], -1)) for kernel in kernels], axis=1))
-        if biases:
-            y = y + ops.concatenate([ops.reshape(bias, (-1,)) for bias in biases])
+        if self.use_bias:
+            y = y + ops.concatenate([ops.reshape(ops.cast(dense.bias, self.compute_dtype), (-1,)) for dense in denses])
         sizes = [kernel.shape[1] * kernel.shape[2] for kernel in kernels]
         parts = ops.split(y, np.cumsum(sizes)[:-1].tolist(), axis=-1)
         return [
             ops.transpose(ops.reshape(part, (ops.shape(x)[0], 1, *kernel.shape[1:])), (0, 2, 1, 3))
             for part, kernel in zip(parts, kernels)
         ]
-
-    def _project_output(self, x):
-        """`(B, T, h, d_v)` -> `(B, T, d)` with `output_dense`'s `(h, d_v, d)` kernel."""
-        y = ops.einsum("bthv,hvd->btd", x, ops.cast(self.output_dense.kernel, self.compute_dtype))
-        return y + ops.cast(self.output_dense.bias, self.compute_dtype) if self.use_bias else y
 
     def compute_cache(self, value, key=None):
         """Projects `key`/`value` once into a `(keys, values)` cache for cross-attention."""
@@ -276,7 +270,7 @@ class MultiHeadAttention(keras.layers.Layer):
             ),
         )
         output, scores = self._attend(q, k, v, mask, training, return_attention_scores)
-        output = self._project_output(output)
+        output = self.output_dense(output)  # (B, T_q, d)
 
         results = (output,)
         if return_attention_scores:

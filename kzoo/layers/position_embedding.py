@@ -1,7 +1,7 @@
 import keras
 from keras import ops
 
-from kzoo.layers._validation import check_positive_int
+from kzoo.validation import check_positive_int
 
 
 def check_sequence_length(length, sequence_length, start_index=0):

@@ -1,7 +1,7 @@
 import keras
 from keras import ops
 
-from kzoo.layers._validation import check_positive_int
+from kzoo.validation import check_positive_int
 
 
 @keras.saving.register_keras_serializable(package="kzoo")

@@ -3,12 +3,12 @@ import math
 import keras
 from keras import ops
 
-from kzoo.layers._validation import check_choice
-from kzoo.layers._validation import check_positive_int
 from kzoo.layers.position_embedding import PositionEmbedding
 from kzoo.layers.position_embedding import check_sequence_length
 from kzoo.layers.sinusoidal_position_encoding import SinusoidalPositionEncoding
 from kzoo.ops import check_token_ids
+from kzoo.validation import check_choice
+from kzoo.validation import check_positive_int
 
 
 @keras.saving.register_keras_serializable(package="kzoo")

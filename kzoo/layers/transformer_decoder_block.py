@@ -57,14 +57,14 @@ class TransformerDecoderBlock(TransformerBlockBase):
 
     def build(self, x_shape, encoder_sequence_shape=None):
         self.self_attention = self._attention("self_attention", x_shape)
-        self.self_attention_norm, self.self_attention_dropout = self._norm_and_dropout("self_attention", x_shape)
+        self.self_attention_norm = self._norm("self_attention", x_shape)
         if self.cross_attention:
             self.cross_attention_layer = self._attention(
                 "cross_attention", x_shape, encoder_sequence_shape or x_shape
             )
-            self.cross_attention_norm, self.cross_attention_dropout = self._norm_and_dropout("cross_attention", x_shape)
+            self.cross_attention_norm = self._norm("cross_attention", x_shape)
         self.feed_forward = self._feed_forward(x_shape)
-        self.feed_forward_norm, self.feed_forward_dropout = self._norm_and_dropout("feed_forward", x_shape)
+        self.feed_forward_norm = self._norm("feed_forward", x_shape)
         self.built = True
 
     def empty_cache(self, batch_size, max_length, dtype=None):
@@ -111,7 +111,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
             return result if decoding else (result, None)
 
         x, self_attention_cache = self._residual(
-            x, self_attend, self.self_attention_norm, self.self_attention_dropout, training
+            x, self_attend, self.self_attention_norm, training
         )
 
         if self.cross_attention:
@@ -134,14 +134,13 @@ class TransformerDecoderBlock(TransformerBlockBase):
                 return result if cached else (result, None)
 
             x, cross_attention_cache = self._residual(
-                x, cross_attend, self.cross_attention_norm, self.cross_attention_dropout, training
+                x, cross_attend, self.cross_attention_norm, training
             )
 
         x, _ = self._residual(
             x,
             lambda h: (self.feed_forward(h, training=training), None),
             self.feed_forward_norm,
-            self.feed_forward_dropout,
             training,
         )
         if not decoding:

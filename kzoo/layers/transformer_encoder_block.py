@@ -46,9 +46,9 @@ class TransformerEncoderBlock(TransformerBlockBase):
 
     def build(self, x_shape):
         self.self_attention = self._attention("self_attention", x_shape)
-        self.self_attention_norm, self.self_attention_dropout = self._norm_and_dropout("self_attention", x_shape)
+        self.self_attention_norm = self._norm("self_attention", x_shape)
         self.feed_forward = self._feed_forward(x_shape)
-        self.feed_forward_norm, self.feed_forward_dropout = self._norm_and_dropout("feed_forward", x_shape)
+        self.feed_forward_norm = self._norm("feed_forward", x_shape)
         self.built = True
 
     def call(self, x, padding_mask=None, attention_mask=None, training=None):
@@ -64,12 +64,11 @@ class TransformerEncoderBlock(TransformerBlockBase):
                 training=training,
             ), None
 
-        x, _ = self._residual(x, attend, self.self_attention_norm, self.self_attention_dropout, training)
+        x, _ = self._residual(x, attend, self.self_attention_norm, training)
         x, _ = self._residual(
             x,
             lambda h: (self.feed_forward(h, training=training), None),
             self.feed_forward_norm,
-            self.feed_forward_dropout,
             training,
         )
         return x

@@ -11,6 +11,7 @@ from kzoo.models.perplexity import Perplexity
 from kzoo.models.presets import PRESETS
 from kzoo.models.presets import list_presets
 from kzoo.models.presets import register_presets
+from kzoo.models.task import StandaloneTask
 from kzoo.models.task import Task
 from kzoo.models.task import warmup_then_decay
 from kzoo.models.tied_logits import TiedLogits

@@ -2,6 +2,7 @@ import keras
 
 from kzoo.models import hf_checkpoint
 from kzoo.models import presets
+from kzoo.validation import check_positive_int
 
 
 @keras.saving.register_keras_serializable(package="kzoo")
@@ -63,18 +64,88 @@ class Backbone(keras.Model):
         """
         hf_checkpoint.export_to_transformers(self, path)
 
+    def enable_lora(self, rank, target_layer_names=None):
+        """Freezes the backbone and adds LoRA to its attention's query and value projections.
+
+        Keras' layer LoRA (`layer.enable_lora(rank)`) on every layer named in
+        `target_layer_names`: each kernel W gets a trainable low-rank update
+        W + A B, A `(d, rank)` and B `(rank, d')` (B starts at zero, so the
+        model's outputs do not change until it trains). Every other backbone
+        weight is frozen; a task's head stays trainable. A saved model stores
+        the merged kernels W + A B. As keras-hub's `Backbone.enable_lora`,
+        except that the adapted layers' biases stay frozen too.
+
+        Args:
+            rank: int, the rank of the update.
+            target_layer_names: the names of the layers to adapt; by default
+                the query and value projections of every attention
+                ("query", "value"), as in the LoRA paper.
+
+        Returns:
+            The adapted layers.
+
+        Example:
+        >>> lm = kzoo.models.GPTCausalLM.from_preset("gpt_tiny")
+        >>> lm.backbone.enable_lora(4)
+        >>> lm.compile(learning_rate=1e-3)  # trains the LoRA weights only
+
+        References:
+            Hu et al., "LoRA: Low-Rank Adaptation of Large Language Models", 2021.
+        """
+        check_positive_int("rank", rank)
+        names = ("query", "value") if target_layer_names is None else tuple(target_layer_names)
+        layers = self._flatten_layers(include_self=False)
+        adapted = [layer for layer in layers if layer.name in names and hasattr(layer, "enable_lora")]
+        if not adapted:
+            raise ValueError(f"No layer of this backbone is named one of `target_layer_names` {list(names)}.")
+        self.trainable = True
+        for layer in layers:
+            layer.trainable = False
+        for layer in adapted:
+            layer.trainable = True
+            layer.enable_lora(rank)  # freezes the kernel
+            if getattr(layer, "bias", None) is not None:
+                layer.bias.trainable = False  # LoRA adapts the kernels only
+        return adapted
+
     def get_config(self):
         # Not chained to keras.Model: a functional config is a layer graph,
         # while a backbone is rebuilt from its constructor arguments.
-        return {
+        config = {
             "name": self.name,
             "trainable": self.trainable,
             "dtype": keras.dtype_policies.serialize(self.dtype_policy),
         }
+        return add_quantization_config(config, self)
 
     @classmethod
     def from_config(cls, config):
-        config = dict(config)
-        if isinstance(config.get("dtype"), dict):
-            config["dtype"] = keras.dtype_policies.deserialize(config["dtype"])
-        return cls(**config)
+        return from_constructor_config(cls, config)
+
+
+# `model.quantize(mode)` replaces the float kernels of its Dense, EinsumDense
+# and Embedding layers; a config records which layers it quantized (by path),
+# so that `from_constructor_config` quantizes the rebuilt ones before their weights load.
+
+
+def add_quantization_config(config, model):
+    """`config` plus {"quantized_layers": {path: mode}} when `model` has quantized layers."""
+    quantized = {
+        layer.path: layer.quantization_mode
+        for layer in model._flatten_layers(include_self=False)
+        if layer.quantization_mode is not None
+    }
+    return {**config, "quantized_layers": quantized} if quantized else config
+
+
+def from_constructor_config(cls, config):
+    """`cls(**config)` with its dtype policy deserialized and its quantized layers quantized again."""
+    config = dict(config)
+    quantized = config.pop("quantized_layers", {})
+    if isinstance(config.get("dtype"), dict):
+        config["dtype"] = keras.dtype_policies.deserialize(config["dtype"])
+    model = cls(**config)
+    for layer in model._flatten_layers(include_self=False):
+        if layer.path in quantized and layer.quantization_mode is None:
+            layer.quantize(quantized[layer.path])
+    return model

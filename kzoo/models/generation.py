@@ -166,7 +166,9 @@ def resolve(sampler, stop_token_ids):
     return sampler, stop
 
 
-def generate(model, start, prompts, max_length, max_new_tokens, sampler, stop_token_ids, jit_compile, limit, inputs=()):
+def generate(
+    model, start, prompts, *, max_length, max_new_tokens, sampler, stop_token_ids, jit_compile, limit, inputs=()
+):
     """Packs `prompts`, runs the compiled decode loop and unpacks the result.
 
     Args:
@@ -191,7 +193,10 @@ def generate(model, start, prompts, max_length, max_new_tokens, sampler, stop_to
 
         def decode(token_ids, prompt_mask, stop_token_ids, noise, *inputs):
             logits, cache, step = start(token_ids[:, :prefill], length, *inputs)
-            return sampler.run(step, token_ids, prompt_mask, logits, cache, prefill, stop_token_ids, noise)
+            return sampler.run(
+                step, token_ids, prompt_mask=prompt_mask, logits=logits, cache=cache, index=prefill,
+                stop_token_ids=stop_token_ids, noise=noise,
+            )
 
         functions[key] = compile_function(decode, jit_compile)
     ids, generated = functions[key](token_ids, prompt_mask, stop, sampler.noise(length, batch), *inputs)

@@ -3,6 +3,8 @@ import numpy as np
 
 from kzoo.models import hf_checkpoint
 from kzoo.models import presets
+from kzoo.models.backbone import add_quantization_config
+from kzoo.models.backbone import from_constructor_config
 from kzoo.models.generation import check_token_ids
 from kzoo.models.cross_entropy import TokenCrossEntropy
 from kzoo.models.multi_worker_trainer_mixin import MultiWorkerTrainerMixin
@@ -251,7 +253,7 @@ class Task(MultiWorkerTrainerMixin, keras.Model):
         config = {"backbone": keras.layers.serialize(self.backbone), "name": self.name}
         if self.tokenizer is not None:
             config["tokenizer"] = keras.layers.serialize(self.tokenizer)
-        return config
+        return add_quantization_config(config, self)
 
     @classmethod
     def from_config(cls, config):
@@ -264,7 +266,7 @@ class Task(MultiWorkerTrainerMixin, keras.Model):
 
             # The vocabulary comes after, from the file's assets (`load_assets`).
             config["tokenizer"] = keras.layers.deserialize(config["tokenizer"])
-        return cls(**config)
+        return from_constructor_config(cls, config)
 
 
 def _check_tokenizer(tokenizer, backbone):
@@ -281,3 +283,33 @@ def _check_tokenizer(tokenizer, backbone):
             f"The tokenizer has {size} tokens but the backbone embeds {limit}: its ids would not fit. "
             "Give a tokenizer of the backbone's vocabulary."
         )
+
+
+@keras.saving.register_keras_serializable(package="kzoo")
+class StandaloneTask(Task):
+    """Base class of the task models built from layers without a backbone (the RNN and n-gram baselines).
+
+    The subclass builds its functional model in `__init__` and passes it
+    `inputs`, `outputs` and `dtype`; this base sets the dtype policy (a
+    functional model takes none) and rebuilds the model from the subclass's
+    constructor arguments, which the subclass adds in `get_config`.
+
+    Args:
+        dtype: None or a dtype policy; it also tells `compile` to scale the
+            loss under "mixed_float16".
+        **kwargs: `keras.Model` functional arguments (`inputs`, `outputs`,
+            `name`).
+    """
+
+    def __init__(self, *args, dtype=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        if dtype is not None:
+            self.dtype_policy = keras.dtype_policies.get(dtype)
+
+    def get_config(self):
+        config = {"name": self.name, "dtype": keras.dtype_policies.serialize(self.dtype_policy)}
+        return add_quantization_config(config, self)
+
+    @classmethod
+    def from_config(cls, config):
+        return from_constructor_config(cls, config)

@@ -9,17 +9,18 @@ class TiedLogits(keras.layers.Layer):
     Weight tying (Press & Wolf, 2017) reuses the input table E `(V, d)` as
     the output projection, so P(w | h) = softmax(E h + b): the score of a
     token is the dot product of its embedding with the hidden state. This
-    layer owns no copy of E; it reads `embedding.embeddings` at each call, so
-    gradients from both uses reach the one table.
+    layer owns no copy of E; it reads the embedding's table at each call
+    (with its LoRA update; a quantized table through the embedding's own
+    call), so gradients from both uses reach the one table.
 
     The product runs in the compute dtype and the logits are returned in
     float32 (also under mixed precision) so that the softmax and the loss
     are computed at full precision. The optional bias is kept in float32.
 
     Args:
-        embedding: the layer holding the table, with an `embeddings`
-            property `(V, d)` (a `keras.layers.Embedding` or
-            `kzoo.layers.TokenAndPositionEmbedding`).
+        embedding: the layer holding the table: a `keras.layers.Embedding`
+            or a `kzoo.layers.TokenAndPositionEmbedding` (its
+            `token_embedding`).
         use_bias: bool, whether to add a per-token output bias b `(V,)`
             (BERT's masked-LM head has one, GPT-2 has none).
         **kwargs: base layer arguments.
@@ -51,8 +52,16 @@ class TiedLogits(keras.layers.Layer):
             )
         self.built = True
 
+    def _table(self):
+        """The token table `(V, d)` as the embedding layer uses it: with its LoRA update, dequantized."""
+        layer = getattr(self.embedding, "token_embedding", self.embedding)
+        if layer.quantization_mode is None:
+            return layer.embeddings  # LoRA included
+        # A quantized table is stored in another form; the layer's own call reads it back.
+        return layer(ops.arange(layer.input_dim, dtype="int32"))
+
     def call(self, hidden):
-        table = ops.cast(self.embedding.embeddings, self.compute_dtype)  # (V, d)
+        table = ops.cast(self._table(), self.compute_dtype)  # (V, d)
         if all(size == 1 for size in hidden.shape[:-1]):
             # One row (a batch-1 decoding step): E h reads the table in its
             # stored (V, d) layout, where h E^T makes XLA:CPU copy the whole

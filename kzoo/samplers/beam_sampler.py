@@ -1,9 +1,9 @@
 import keras
 from keras import ops
 
-from kzoo.layers._validation import check_positive_int
 from kzoo.samplers.sampler import Sampler
 from kzoo.samplers.sampler import _isin
+from kzoo.validation import check_positive_int
 
 
 class BeamSampler(Sampler):
@@ -31,7 +31,7 @@ class BeamSampler(Sampler):
         self.num_beams = check_positive_int("num_beams", num_beams)
         self.length_penalty = float(length_penalty)
 
-    def run(self, step, token_ids, prompt_mask, logits, cache, index, stop_token_ids, noise, pad_id=0):
+    def run(self, step, token_ids, *, prompt_mask, logits, cache, index, stop_token_ids, noise, pad_id=0):
         batch, length = ops.shape(token_ids)[0], ops.shape(token_ids)[1]
         beams, vocabulary = self.num_beams, ops.shape(logits)[-1]
 

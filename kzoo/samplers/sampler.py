@@ -2,7 +2,6 @@ import keras
 from keras import ops
 
 
-
 class Sampler:
     """Picks each next token from the model's logits, inside one compiled loop.
 
@@ -44,7 +43,7 @@ class Sampler:
         token = ops.sum(ops.cast(cdf <= threshold, "int32"), axis=-1)
         return ops.minimum(token, ops.shape(logits)[-1] - 1)
 
-    def run(self, step, token_ids, prompt_mask, logits, cache, index, stop_token_ids, noise, pad_id=0):
+    def run(self, step, token_ids, *, prompt_mask, logits, cache, index, stop_token_ids, noise, pad_id=0):
         """Decodes positions `index .. L-1` of `token_ids` `(B, L)` in place.
 
         Args:

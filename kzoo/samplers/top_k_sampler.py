@@ -1,7 +1,7 @@
 from keras import ops
 
-from kzoo.layers._validation import check_positive_int
 from kzoo.samplers.sampler import Sampler
+from kzoo.validation import check_positive_int
 
 
 class TopKSampler(Sampler):

@@ -19,6 +19,8 @@ LAYERS = [
     layers.FeedForward(32, activation="gelu_approximate", dropout=0.2, output_dim=8),
     layers.TransformerEncoderBlock(4, 32, dropout=0.1, activation="gelu", norm_first=True, num_key_value_heads=2),
     layers.TransformerDecoderBlock(4, 32, cross_attention=False, layer_norm_epsilon=1e-6),
+    layers.LayerNormalization(epsilon=1e-6),
+    layers.AddAndNorm(0.1, epsilon=1e-6, seed=2),
 ]
 
 

@@ -76,7 +76,7 @@ def test_readme_main_job_chain_ends_streaming_from_the_litertlm_bundle(tmp_path,
     report = json.loads((run / "export" / "export_report.json").read_text())
     assert {"savedmodel", "tflite_fp32", "litertlm", "litertlm_int8"} <= set(report["artifacts"])
     lm = keras.saving.load_model(run / "model.keras", compile=False)
-    tokenizer = kzoo.data.load_tokenizer(run)
-    ids = np.asarray(tokenizer("ROMEO:")).tolist()
+    tokenizer = lm.tokenizer
+    ids = [int(i) for i in tokenizer("ROMEO:")]
     expected = tokenizer.detokenize(lm.generate([ids], max_length=len(ids) + 20, stop_token_ids=[0], jit_compile=False)[0])
     assert result.stdout == expected + "\n"

@@ -1,6 +1,7 @@
 import json
 import math
 
+import _seq2seq
 import gpt_translate
 import keras
 import pytest
@@ -22,7 +23,7 @@ def test_translates_the_test_pairs_and_prints_bleu_beside_seq2seq(run_recipe, tm
     metrics = record["metrics"]
     assert math.isfinite(metrics["test_bleu"]) and 0 <= metrics["test_bleu"] <= 100
     assert metrics["test_examples"] == 9 and metrics["seq2seq_test_bleu"] == 12.5
-    assert len(metrics["examples"]) == gpt_translate.seq2seq_translate.EXAMPLES_SHOWN
+    assert len(metrics["examples"]) == _seq2seq.EXAMPLES_SHOWN
     assert {"source", "reference", "output"} <= set(metrics["examples"][0])
     assert keras.saving.load_model(output_dir / "model.keras", compile=False).tokenizer.vocabulary_size() > 7
     printed = capsys.readouterr().out

@@ -1,5 +1,6 @@
 import json
 
+import _language_models
 import pytest
 import rnn_lm
 
@@ -27,11 +28,11 @@ def test_width_for_budget_is_the_nearest_width(cell):
     budget = 100_000
 
     def parameters(width):
-        return rnn_lm.language_model(128, 32, width, cell, 0.0).count_params()
+        return _language_models.rnn_language_model(128, 32, width, cell, 0.0).count_params()
 
-    width = rnn_lm.width_for_budget(budget, 128, 32, cell, 0.0)
+    width = _language_models.rnn_width_for_budget(budget, 128, 32, cell, 0.0)
     error = abs(parameters(width) - budget)
-    step = rnn_lm.WIDTH_STEP
+    step = _language_models.WIDTH_STEP
     assert error <= abs(parameters(width - step) - budget) and error <= abs(parameters(width + step) - budget)
 
 

@@ -1,3 +1,4 @@
+import _seq2seq
 import keras
 import pytest
 import seq2seq_summarize
@@ -11,7 +12,7 @@ def test_translate_scores_bleu_on_test_translations(run_recipe):
     check_run_files(output_dir)
     metrics = record["metrics"]
     assert 0 <= metrics["test_bleu"] <= 100 and metrics["test_examples"] == 8
-    assert len(metrics["examples"]) == seq2seq_translate.EXAMPLES_SHOWN
+    assert len(metrics["examples"]) == _seq2seq.EXAMPLES_SHOWN
     assert {"source", "reference", "output"} <= set(metrics["examples"][0])
     assert keras.saving.load_model(output_dir / "model.keras", compile=False).tokenizer.vocabulary_size() > 7
 

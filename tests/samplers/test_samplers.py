@@ -42,12 +42,12 @@ def decode_tensors(sampler, prompts, length, noise, stop_token_ids=()):
     return sampler.run(
         toy_step,
         ops.convert_to_tensor(token_ids),
-        ops.convert_to_tensor(prompt_mask),
-        logits,
-        cache,
-        start,
-        ops.convert_to_tensor(np.array(stop_token_ids, "int32")),
-        noise,
+        prompt_mask=ops.convert_to_tensor(prompt_mask),
+        logits=logits,
+        cache=cache,
+        index=start,
+        stop_token_ids=ops.convert_to_tensor(np.array(stop_token_ids, "int32")),
+        noise=noise,
     )
 
 

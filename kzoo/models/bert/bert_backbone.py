@@ -1,19 +1,15 @@
-import functools
-
 import keras
-from keras import ops
 
+from kzoo.layers import LayerNormalization
 from kzoo.layers import TokenAndPositionEmbedding
 from kzoo.layers import TransformerEncoderBlock
-from kzoo.layers._fused_norm import normalize_dropped
-from kzoo.layers._validation import check_divisible
-from kzoo.layers._validation import check_positive_int
-from kzoo.layers._validation import check_rate
 from kzoo.models.backbone import Backbone
 from kzoo.models.keras_hub_weights import copy_weights
 from kzoo.models.keras_hub_weights import keras_hub_config
 from kzoo.models.keras_hub_weights import transformer_block_pairs
-from kzoo.ops import dropout_noise
+from kzoo.validation import check_divisible
+from kzoo.validation import check_positive_int
+from kzoo.validation import check_rate
 
 # BERT's LayerNorm epsilon, kept so that converted checkpoints match exactly.
 BERT_LAYER_NORM_EPSILON = 1e-12
@@ -123,9 +119,8 @@ class BertBackbone(Backbone):
             dtype=dtype,
             name="segment_embedding",
         )
-        self.embedding_norm = LayerNormalization(
-            dropout, epsilon=layer_norm_epsilon, dtype=dtype, name="embedding_norm"
-        )
+        self.embedding_norm = LayerNormalization(epsilon=layer_norm_epsilon, dtype=dtype, name="embedding_norm")
+        self.embedding_dropout = keras.layers.Dropout(dropout, dtype=dtype, name="embedding_dropout")
         self.transformer_blocks = [
             TransformerEncoderBlock(
                 num_heads,
@@ -151,7 +146,8 @@ class BertBackbone(Backbone):
         token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
         segment_ids = keras.Input(shape=(None,), dtype="int32", name="segment_ids")
         padding_mask = keras.Input(shape=(None,), dtype="int32", name="padding_mask")
-        x = self.embedding_norm([self.embedding(token_ids), self.segment_embedding(segment_ids)])  # (B, T, d)
+        x = self.embedding(token_ids) + self.segment_embedding(segment_ids)  # (B, T, d)
+        x = self.embedding_dropout(self.embedding_norm(x))
         for block in self.transformer_blocks:
             x = block(x, padding_mask=padding_mask)
         pooled_output = self.pooler(x[:, 0, :])  # (B, d), from [CLS]
@@ -211,44 +207,3 @@ class BertBackbone(Backbone):
             pairs += transformer_block_pairs(block, hub_layer)
         copy_weights(pairs)
         return backbone
-
-
-@keras.saving.register_keras_serializable(package="kzoo", name="BertEmbeddingNorm")
-class LayerNormalization(keras.layers.LayerNormalization):
-    """BERT's embedding output: Dropout(LayerNorm(sum of the inputs)).
-
-    In training, the sum, LayerNorm and dropout run as one fused computation
-    (`kzoo.ops.fused`), with the cheaper dropout noise of `kzoo.ops`; inference
-    is the plain sum and LayerNorm. Named as the Keras layer it extends: a
-    `.keras` file stores a layer's weights under its class name, so files
-    saved with `keras.layers.LayerNormalization` here still load.
-
-    Args:
-        dropout: float in [0, 1), the dropout rate after the LayerNorm.
-        **kwargs: `keras.layers.LayerNormalization` arguments.
-
-    Example:
-    >>> norm = LayerNormalization(0.1)
-    >>> norm([keras.ops.ones((2, 3, 4)), keras.ops.zeros((2, 3, 4))]).shape
-    (2, 3, 4)
-    """
-
-    def __init__(self, dropout=0.0, **kwargs):
-        super().__init__(**kwargs)
-        self.dropout = check_rate("dropout", dropout)
-        self.seed_generator = keras.random.SeedGenerator() if dropout else None
-
-    def build(self, input_shape):
-        super().build(input_shape[0])
-
-    def call(self, inputs, training=None):
-        if not training:
-            return super().call(functools.reduce(ops.add, inputs))
-        noise = dropout_noise(ops.shape(inputs[0]), self.dropout, self.seed_generator)
-        return normalize_dropped(self, inputs, noise, self.dropout)
-
-    def compute_output_shape(self, input_shape):
-        return input_shape[0]
-
-    def get_config(self):
-        return {**super().get_config(), "dropout": self.dropout}

@@ -1,15 +1,11 @@
 import keras
 import numpy as np
 
-from kzoo.layers._validation import check_positive_int
-from kzoo.layers._validation import check_rate
-from kzoo.models.bert.bert_backbone import BertBackbone
-from kzoo.models.bert.bert_backbone import bert_kernel_initializer
-from kzoo.models.task import Task
+from kzoo.models.bert.bert_classifier_base import BertClassifierBase
 
 
 @keras.saving.register_keras_serializable(package="kzoo")
-class BertClassifier(Task):
+class BertClassifier(BertClassifierBase):
     """BERT for sequence classification: one label per input sequence.
 
     Classifies from the pooled [CLS] representation: logits = W
@@ -37,36 +33,8 @@ class BertClassifier(Task):
         Devlin et al., "BERT", 2019, sec. 4.1.
     """
 
-    backbone_cls = BertBackbone
-    default_learning_rate = 5e-5
-
-    def __init__(self, backbone, num_classes, dropout=0.1, **kwargs):
-        if not isinstance(backbone, BertBackbone):
-            raise ValueError(f"`backbone` must be a BertBackbone; received {type(backbone).__name__}.")
-        check_positive_int("num_classes", num_classes)
-        check_rate("dropout", dropout)
-        # === Layers ===
-        self.backbone = backbone
-        self.output_dropout = keras.layers.Dropout(dropout, dtype=backbone.dtype_policy, name="output_dropout")
-        self.output_dense = keras.layers.Dense(
-            num_classes, kernel_initializer=bert_kernel_initializer(), dtype="float32", name="logits"
-        )
-
-        # === Functional model ===
-        inputs = backbone.input
-        pooled_output = backbone(inputs)["pooled_output"]  # (B, d)
-        logits = self.output_dense(self.output_dropout(pooled_output))  # (B, num_classes)
-        super().__init__(inputs=inputs, outputs=logits, **kwargs)
-
-        # === Config ===
-        self.num_classes = num_classes
-        self.dropout = dropout
+    backbone_output = "pooled_output"
 
     def predictions_from_outputs(self, outputs):
         """Labels for `predict` on raw strings: the class ids of the largest logits."""
         return np.argmax(outputs, axis=-1)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(num_classes=self.num_classes, dropout=self.dropout)
-        return config

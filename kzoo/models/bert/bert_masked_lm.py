@@ -1,12 +1,13 @@
 import keras
 from keras import ops
 
-from kzoo.layers.feed_forward import get_activation
+from kzoo.layers import LayerNormalization
 from kzoo.models.bert.bert_backbone import BertBackbone
 from kzoo.models.bert.bert_backbone import bert_kernel_initializer
 from kzoo.models.perplexity import Perplexity
 from kzoo.models.task import Task
 from kzoo.models.tied_logits import TiedLogits
+from kzoo.ops import get_activation
 
 
 @keras.saving.register_keras_serializable(package="kzoo")
@@ -56,7 +57,7 @@ class BertMaskedLM(Task):
             dtype=dtype,
             name="transform_dense",
         )
-        self.transform_norm = keras.layers.LayerNormalization(
+        self.transform_norm = LayerNormalization(
             epsilon=backbone.layer_norm_epsilon, dtype=dtype, name="transform_norm"
         )
         self.lm_head = TiedLogits(backbone.embedding, use_bias=True, dtype=dtype, name="lm_head")

@@ -1,15 +1,15 @@
 import keras
 
-from kzoo.layers._validation import check_positive_int
-from kzoo.layers._validation import check_rate
-from kzoo.layers.feed_forward import get_activation
 from kzoo.models.feed_forward.context_window import ContextWindow
 from kzoo.models.perplexity import Perplexity
-from kzoo.models.task import Task
+from kzoo.models.task import StandaloneTask
+from kzoo.ops import get_activation
+from kzoo.validation import check_positive_int
+from kzoo.validation import check_rate
 
 
 @keras.saving.register_keras_serializable(package="kzoo")
-class FeedForwardLanguageModel(Task):
+class FeedForwardLanguageModel(StandaloneTask):
     """Bengio et al.'s neural probabilistic language model over a sliding window of n tokens.
 
     The neural n-gram model that preceded the RNN LMs: a fixed window of the
@@ -95,11 +95,7 @@ class FeedForwardLanguageModel(Task):
         # A float32 layer: it casts the states up, so the logits (and the
         # softmax of the loss) are float32 under mixed precision.
         logits = keras.layers.Dense(vocabulary_size, dtype="float32", name="logits")(x)  # (B, T, V)
-        super().__init__(inputs=token_ids, outputs=logits, **kwargs)
-        # Functional models take no `dtype` (see `Backbone`); the policy also
-        # tells `compile` to scale the loss under "mixed_float16".
-        if dtype is not None:
-            self.dtype_policy = keras.dtype_policies.get(dtype)
+        super().__init__(inputs=token_ids, outputs=logits, dtype=dtype, **kwargs)
 
         # === Config ===
         self.vocabulary_size = vocabulary_size
@@ -114,10 +110,8 @@ class FeedForwardLanguageModel(Task):
         return super().default_metrics() + [Perplexity()]
 
     def get_config(self):
-        # Not chained to `Task.get_config`: there is no backbone to rebuild.
-        return {
-            "name": self.name,
-            "dtype": keras.dtype_policies.serialize(self.dtype_policy),
+        config = super().get_config()
+        config.update({
             "vocabulary_size": self.vocabulary_size,
             "window_size": self.window_size,
             "embedding_dim": self.embedding_dim,
@@ -125,4 +119,5 @@ class FeedForwardLanguageModel(Task):
             "num_layers": self.num_layers,
             "activation": self.activation,
             "dropout": self.dropout,
-        }
+        })
+        return config

@@ -1,14 +1,15 @@
 import keras
 
+from kzoo.layers import LayerNormalization
 from kzoo.layers import TokenAndPositionEmbedding
 from kzoo.layers import TransformerDecoderBlock
-from kzoo.layers._validation import check_divisible
-from kzoo.layers._validation import check_positive_int
-from kzoo.layers._validation import check_rate
 from kzoo.models.backbone import Backbone
 from kzoo.models.keras_hub_weights import copy_weights
 from kzoo.models.keras_hub_weights import keras_hub_config
 from kzoo.models.keras_hub_weights import transformer_block_pairs
+from kzoo.validation import check_divisible
+from kzoo.validation import check_positive_int
+from kzoo.validation import check_rate
 
 
 def gpt_kernel_initializer():
@@ -117,9 +118,7 @@ class GPTBackbone(Backbone):
             )
             for i in range(num_layers)
         ]
-        self.layer_norm = keras.layers.LayerNormalization(
-            epsilon=layer_norm_epsilon, dtype=dtype, name="layer_norm"
-        )
+        self.layer_norm = LayerNormalization(epsilon=layer_norm_epsilon, dtype=dtype, name="layer_norm")
 
         # === Functional model ===
         token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")

@@ -2,9 +2,9 @@
 
 import keras
 
-from kzoo.layers._validation import check_choice
-from kzoo.layers._validation import check_positive_int
-from kzoo.layers._validation import check_rate
+from kzoo.validation import check_choice
+from kzoo.validation import check_positive_int
+from kzoo.validation import check_rate
 
 RECURRENT_LAYERS = {"lstm": keras.layers.LSTM, "gru": keras.layers.GRU, "rnn": keras.layers.SimpleRNN}
 

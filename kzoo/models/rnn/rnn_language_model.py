@@ -2,11 +2,11 @@ import keras
 
 from kzoo.models.perplexity import Perplexity
 from kzoo.models.rnn.recurrent_stack import recurrent_stack
-from kzoo.models.task import Task
+from kzoo.models.task import StandaloneTask
 
 
 @keras.saving.register_keras_serializable(package="kzoo")
-class RNNLanguageModel(Task):
+class RNNLanguageModel(StandaloneTask):
     """A recurrent language model: embedding, stacked LSTM/GRU/RNN, softmax over the vocabulary.
 
     The baseline the Transformer replaced: the state h_t summarises the
@@ -67,11 +67,7 @@ class RNNLanguageModel(Task):
         # A float32 layer: it casts the states up, so the logits (and the
         # softmax of the loss) are float32 under mixed precision.
         logits = keras.layers.Dense(vocabulary_size, dtype="float32", name="logits")(x)  # (B, T, V)
-        super().__init__(inputs=token_ids, outputs=logits, **kwargs)
-        # Functional models take no `dtype` (see `Backbone`); the policy also
-        # tells `compile` to scale the loss under "mixed_float16".
-        if dtype is not None:
-            self.dtype_policy = keras.dtype_policies.get(dtype)
+        super().__init__(inputs=token_ids, outputs=logits, dtype=dtype, **kwargs)
 
         # === Config ===
         self.vocabulary_size = vocabulary_size
@@ -85,14 +81,13 @@ class RNNLanguageModel(Task):
         return super().default_metrics() + [Perplexity()]
 
     def get_config(self):
-        # Not chained to `Task.get_config`: there is no backbone to rebuild.
-        return {
-            "name": self.name,
-            "dtype": keras.dtype_policies.serialize(self.dtype_policy),
+        config = super().get_config()
+        config.update({
             "vocabulary_size": self.vocabulary_size,
             "embedding_dim": self.embedding_dim,
             "hidden_dim": self.hidden_dim,
             "num_layers": self.num_layers,
             "cell": self.cell,
             "dropout": self.dropout,
-        }
+        })
+        return config

@@ -4,10 +4,10 @@ from keras import ops
 from kzoo.layers import TokenAndPositionEmbedding
 from kzoo.layers import TransformerDecoderBlock
 from kzoo.layers import TransformerEncoderBlock
-from kzoo.layers._validation import check_divisible
-from kzoo.layers._validation import check_positive_int
-from kzoo.layers._validation import check_rate
 from kzoo.models.backbone import Backbone
+from kzoo.validation import check_divisible
+from kzoo.validation import check_positive_int
+from kzoo.validation import check_rate
 
 # Token id 0 is padding on both sides (kzoo's tokenizers reserve it as `[PAD]`).
 PAD_ID = 0
@@ -200,11 +200,11 @@ class Seq2SeqBackbone(Backbone):
             encoder_output: `(B, S, d)` from `encode`, or None with a
                 `cross_attention_cache`.
             encoder_padding_mask: bool `(B, S)` from `encode`.
-            self_attention_cache: None or a tuple of one `(B, 2, h,
-                max_length, d/h)` key/value tensor per decoder block.
+            self_attention_cache: None or a tuple with one `(keys, values)`
+                pair per decoder block, each `(B, h, max_length, d/h)`.
             cache_index: int or scalar int tensor, position of the first token.
-            cross_attention_cache: None or a tuple of one `(B, 2, h, S, d/h)`
-                tensor per decoder block.
+            cross_attention_cache: None or a tuple with one `(keys, values)`
+                pair per decoder block, each `(B, h, S, d/h)`.
         """
         padding_mask = ops.not_equal(decoder_token_ids, PAD_ID)
         x = self.decoder_embedding(decoder_token_ids, start_index=cache_index)

@@ -104,8 +104,8 @@ class Seq2SeqTransformer(Task):
             cache_index: int or scalar int tensor, the position of
                 `decoder_token_ids[:, 0]`.
             cross_attention_cache: None on the first call, which computes it
-                (one `(B, 2, h, S, d/h)` tensor per block); afterwards the one
-                that call returned.
+                (one `(keys, values)` pair of `(B, h, S, d/h)` tensors per
+                block); afterwards the one that call returned.
 
         Returns:
             `(logits, hidden_states, self_attention_cache, cross_attention_cache)`:
@@ -209,6 +209,7 @@ class Seq2SeqTransformer(Task):
             return logits[:, -1], (cache, cross_cache, encoder_padding_mask), step
 
         return generation.generate(
-            self, start, decoder_prompts, max_length, max_new_tokens, sampler, stop_token_ids, jit_compile,
-            limit=self.backbone.max_sequence_length, inputs=(sources,),
+            self, start, decoder_prompts, max_length=max_length, max_new_tokens=max_new_tokens, sampler=sampler,
+            stop_token_ids=stop_token_ids, jit_compile=jit_compile, limit=self.backbone.max_sequence_length,
+            inputs=(sources,),
         )

@@ -1,4 +1,4 @@
-"""Argument checks shared by kzoo layers and models.
+"""Argument checks shared by kzoo layers, models and samplers.
 
 Each raises `ValueError` naming the argument, the allowed range and the value.
 """
