@@ -149,7 +149,7 @@ def parse_args(argv, recipe_file, description, defaults, quick, add_arguments=No
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1; received {value}.")
-    if args.steps is not None and args.steps < args.epochs:
+    if args.steps is not None and args.epochs is not None and args.steps < args.epochs:
         parser.error(
             f"--steps ({args.steps}) must be >= --epochs ({args.epochs}): every epoch trains at least one step."
         )
@@ -585,7 +585,8 @@ class Run:
             "recipe": self.args.recipe,
             "metrics": metrics,
             "wall_time_s": round(time.monotonic() - self.start_time, 1),
-            "steps_trained": steps_per_epoch * self.args.epochs,
+            # None where a recipe trains by the clock (lm_compare.py: no epochs).
+            "steps_trained": steps_per_epoch * self.args.epochs if steps_per_epoch and self.args.epochs else None,
             "settings": run_settings(self.args),
             "history": histories,
         }

@@ -31,7 +31,7 @@ def special_token_id(tokenizer, name):
     token = _SPECIAL_TOKENS[name]
     try:
         return int(tokenizer.token_to_id(token))
-    except (ValueError, KeyError, AttributeError) as error:
+    except (ValueError, KeyError, AttributeError, TypeError) as error:  # TypeError: a character tokenizer
         raise ValueError(f"The {type(tokenizer).__name__} has no {token} token, which BERT inputs need.") from error
 
 

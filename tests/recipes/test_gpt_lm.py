@@ -3,6 +3,7 @@ import math
 import subprocess
 import sys
 
+import _language_models
 import gpt_lm
 import keras
 import pytest
@@ -40,7 +41,7 @@ def test_short_is_the_main_job_setting_and_flags_still_win():
     short = gpt_lm.parse_args(["--short"])
     assert (short.steps, short.epochs, short.batch_size, short.sequence_length) == (1000, 2, 32, 128)
     assert gpt_lm.parse_args(["--short", "--steps", "7"]).steps == 7
-    assert gpt_lm.parse_args(["--short", "--quick"]).steps == gpt_lm.QUICK["steps"]
+    assert gpt_lm.parse_args(["--short", "--quick"]).steps == _language_models.QUICK["steps"]
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,7 @@
 import keras
 
 from kzoo.models.rnn.bilstm_classifier import BiLSTMClassifier
+from kzoo.validation import check_positive_int
 
 
 @keras.saving.register_keras_serializable(package="kzoo")
@@ -29,6 +30,7 @@ class BiLSTMTagger(BiLSTMClassifier):
 
     def __init__(self, vocabulary_size, num_labels, embedding_dim, hidden_dim, num_layers=1, dropout=0.0, dtype=None,
                  **kwargs):
+        check_positive_int("num_labels", num_labels)  # named as the caller wrote it
         super().__init__(vocabulary_size, num_labels, embedding_dim, hidden_dim, num_layers=num_layers,
                          dropout=dropout, pooling=None, dtype=dtype, **kwargs)
         self.num_labels = num_labels
