@@ -9,8 +9,8 @@ keras-hub peer is the same model built from its `TransformerEncoder`/
 `TransformerDecoder`/`ReversibleEmbedding`/`SinePositionEncoding` layers, as
 keras-hub has no encoder-decoder task). Each runs in float32 with and without
 XLA, and in `mixed_bfloat16` without XLA where the CPU has bf16 matmul units
-(XLA:CPU's dot does not use AMX: a bf16 2048^3 matmul runs at ~265 GFLOP/s
-under XLA against ~1,300 through TensorFlow's oneDNN kernels on this VM).
+(XLA:CPU's dot does not use AMX, so a bf16 matmul under XLA runs at a fraction
+of the rate of TensorFlow's oneDNN kernels; BENCHMARKS.md has the figures).
 
 Both libraries get the same optimizer (Adam 1e-4), loss (sparse cross-entropy
 from logits: each task model's default, `kzoo.models.TokenCrossEntropy` and

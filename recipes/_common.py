@@ -212,8 +212,8 @@ def add_vocabulary_arguments(parser):
 def word_piece_tokenizer(args, texts, lowercase):
     """A WordPiece tokenizer of `--vocabulary-size` fitted on `texts`, or a seeded sample of them.
 
-    The fitting (tensorflow-text's learner, in Python) takes seconds per thousand texts on a
-    small CPU, while tens of thousands of sentences cover the pieces of a language well:
+    The fitting (tensorflow-text's learner, in Python) costs time in proportion to the texts,
+    while tens of thousands of sentences cover the pieces of a language well:
     larger corpora are sampled down to `--vocabulary-texts`.
     """
     if len(texts) > args.vocabulary_texts:

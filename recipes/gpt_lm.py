@@ -1,8 +1,8 @@
 """Character-level GPT on Tiny Shakespeare: validation loss and perplexity, a sample, the saved model.
 
-    python recipes/gpt_lm.py           # gpt_tiny, the full run (see the README for its time and loss)
-    python recipes/gpt_lm.py --short   # the README's main job: about 2-3 minutes, to ~2.0 nats/char
-    python recipes/gpt_lm.py --quick   # a smoke run in well under a minute
+    python recipes/gpt_lm.py           # gpt_tiny, the full run (its loss in the README, its time in BENCHMARKS.md)
+    python recipes/gpt_lm.py --short   # the README's main job: 1,000 steps, to ~2.0 nats/char
+    python recipes/gpt_lm.py --quick   # a smoke run (what the tests use)
 
 Trains `kzoo.models.GPTCausalLM` on windows of the first 90% of the text (the `train` split of
 `kzoo_tiny_shakespeare`) and validates on the last 10%. A token is one character, its Unicode
@@ -33,7 +33,7 @@ import kzoo.data
 import kzoo.visualization
 
 # The README's main job: enough training that a sample reads like words (validation loss
-# below 2.1 nats/char) in about 2-3 minutes on a 2-core CPU.
+# below 2.1 nats/char), in two thirds of the full run's 1,500 steps.
 SHORT = dict(steps=1000, epochs=2)
 # The start of the sample whose attention `attention.png` shows.
 ATTENTION_CHARACTERS = 40
@@ -44,7 +44,7 @@ TOP_K = 5
 def add_arguments(parser):
     _language_models.add_data_arguments(parser)
     parser.add_argument(
-        "--short", action="store_true", help=f"the README's main job, about 2-3 minutes of training: {SHORT}"
+        "--short", action="store_true", help=f"the README's main job, a shorter training run: {SHORT}"
     )
     parser.add_argument("--prompt", help="the text the sample continues")
     parser.add_argument("--sample-length", type=int, help="characters to generate after the prompt")

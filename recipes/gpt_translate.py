@@ -43,7 +43,7 @@ from kzoo.data.tokenizers import EOS_ID
 DEFAULTS = dict(
     _seq2seq.DEFAULTS,
     preset="gpt_tiny",
-    # 1.6 passes over the 95,172 training pairs: the whole run fits in 15 minutes on 2 CPU cores.
+    # 1.6 passes over the 95,172 training pairs: a default recipe run's budget of steps.
     steps=2400,
     epochs=3,
     learning_rate=2e-3,

@@ -1,6 +1,6 @@
 """Five character language models on Tiny Shakespeare, at one parameter budget and one time budget.
 
-    python recipes/lm_compare.py           # 5 models x 2 minutes of training: about 12 minutes
+    python recipes/lm_compare.py           # 5 models x 120 s of training each, plus evaluation
     python recipes/lm_compare.py --quick   # a smoke run in well under a minute
 
 The sequence models of the course, trained like `gpt_lm.py` (the same text, character

@@ -27,8 +27,8 @@ import kzoo.data
 
 DEFAULTS = dict(
     _language_models.DEFAULTS,
-    # Two models to train, each about as slow per step as the GPT on a CPU: 1500 steps
-    # each would not fit the 15 minutes a recipe may take there.
+    # Two models to train, each about as slow per step as the GPT on a CPU: 800 steps each
+    # keeps the run near the GPT's 1,500 steps, a default recipe run's budget.
     steps=800,
     cells="lstm,gru",
     embedding_dim=128,
