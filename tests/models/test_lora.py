@@ -1,4 +1,4 @@
-"""`backbone.enable_lora(rank)`: Keras' layer LoRA on the attention projections of a GPT and a BERT.
+"""`backbone.enable_lora(rank)`: Keras' layer LoRA on the attention projections, on every task model with a backbone.
 
 LoRA fine-tuning must train the low-rank weights and nothing else of the
 backbone, reach every one of them, and change what the model infers; a saved
@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import kzoo
 from kzoo import models
 from tests.models.tiny_models import task_batch
 
@@ -22,14 +23,17 @@ def _snapshot(weights):
     return {w.path: keras.ops.convert_to_numpy(w) for w in weights}
 
 
-@pytest.mark.parametrize("name", ["GPTCausalLM", "BertClassifier"])
+@pytest.mark.parametrize(
+    "name", ["GPTCausalLM", "BertMaskedLM", "BertClassifier", "BertTokenClassifier", "Seq2SeqTransformer"]
+)
 def test_lora_trains_only_its_weights_reaches_each_and_changes_the_logits(name, tmp_path):
     model, x, y, sample_weight = task_batch(name)
     model(x)
     adapted = model.backbone.enable_lora(2)
-    # The query and value projections of every attention.
+    # The query and value projections of every attention (seq2seq: encoder, decoder and cross-attention).
+    attentions = [layer for layer in model.backbone._flatten_layers() if isinstance(layer, kzoo.layers.MultiHeadAttention)]
     assert sorted({layer.name for layer in adapted}) == ["query", "value"]
-    assert len(adapted) == 2 * model.backbone.num_layers
+    assert len(adapted) == 2 * len(attentions) and attentions
     lora = [w for w in model.trainable_weights if _is_lora(w.path)]
     assert len(lora) == 2 * len(adapted)  # A and B per layer
     # Only LoRA weights train in the backbone (a classifier's head trains too).

@@ -53,6 +53,13 @@ def task_batch(name, seed=0, **backbone_overrides):
         model = models.GPTCausalLM(gpt_backbone(**backbone_overrides))
         x = {"token_ids": ids[:, :-1] * mask, "padding_mask": mask}
         return model, x, ids[:, 1:] * mask, mask
+    if name == "Seq2SeqTransformer":  # padding is id 0 in both sequences
+        layers = dict(num_encoder_layers=2, num_decoder_layers=2)
+        config = {key: value for key, value in TINY_CONFIG.items() if key != "num_layers"}
+        backbone = models.Seq2SeqBackbone(**{**config, **layers, **backbone_overrides})
+        target = token_ids(rng, length=LENGTH + 1)
+        x = {"encoder_token_ids": token_ids(rng) * mask, "decoder_token_ids": target[:, :-1] * mask}
+        return models.Seq2SeqTransformer(backbone), x, target[:, 1:] * mask, mask
     ids = token_ids(rng) * mask
     backbone = bert_backbone(**backbone_overrides)
     if name == "BertMaskedLM":
