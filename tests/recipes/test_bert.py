@@ -30,6 +30,7 @@ def test_pretrain_writes_a_masked_lm_and_its_tokenizer(pretrained):
     assert list(tokenizer("Apple")) != list(tokenizer("apple"))
 
 
+@pytest.mark.slow  # by default the recipe runs from a checkpoint (test_classify_from_a_hugging_face_checkpoint)
 def test_classify_from_scratch_beside_the_bag_of_words_baseline(run_recipe):
     output_dir, record = run_recipe(bert_classify)
     check_run_files(output_dir, model_dirs=["bert", "bag_of_words"])

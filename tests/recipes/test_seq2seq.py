@@ -17,6 +17,7 @@ def test_translate_scores_bleu_on_test_translations(run_recipe):
     assert keras.saving.load_model(output_dir / "model.keras", compile=False).tokenizer.vocabulary_size() > 7
 
 
+@pytest.mark.slow  # the translate test runs the same seq2seq recipe code by default
 def test_summarize_scores_rouge_on_dev_summaries(run_recipe):
     output_dir, record = run_recipe(seq2seq_summarize, "--evaluation-examples", "6", "--decode-batch-size", "4")
     check_run_files(output_dir)
