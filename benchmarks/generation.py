@@ -22,9 +22,13 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import kzoo  # noqa: E402
-from benchmarks.common import median_time, report, wait_for_quiet  # noqa: E402
+from benchmarks.common import median_time  # noqa: E402
+from benchmarks.common import report  # noqa: E402
+from benchmarks.common import wait_for_quiet  # noqa: E402
 
-CONFIG = dict(vocabulary_size=8192, num_layers=4, num_heads=4, hidden_dim=256, intermediate_dim=1024, max_sequence_length=256)
+CONFIG = dict(
+    vocabulary_size=8192, num_layers=4, num_heads=4, hidden_dim=256, intermediate_dim=1024, max_sequence_length=256
+)
 PROMPT, LENGTH = 32, 256
 
 
@@ -77,7 +81,11 @@ def main():
             "token_agreement": agreement,
         }
     at_32, at_224 = step_time(ours, 32), step_time(ours, 224)
-    results["kzoo_step_ms"] = {"position_32": round(at_32 * 1e3, 3), "position_224": round(at_224 * 1e3, 3), "ratio": round(at_224 / at_32, 2)}
+    results["kzoo_step_ms"] = {
+        "position_32": round(at_32 * 1e3, 3),
+        "position_224": round(at_224 * 1e3, 3),
+        "ratio": round(at_224 / at_32, 2),
+    }
     report("generation", results, args.out)
 
 

@@ -27,16 +27,36 @@ import tensorflow as tf  # noqa: E402
 
 import kzoo  # noqa: E402
 import kzoo.data  # noqa: E402
-from benchmarks.common import report, wait_for_quiet  # noqa: E402
+from benchmarks.common import report  # noqa: E402
+from benchmarks.common import wait_for_quiet  # noqa: E402
 from benchmarks.training import StepTimer  # noqa: E402
 
 # The recipes' default settings (recipes/_language_models.py, recipes/bert_pretrain.py and
 # recipes/_common.py; tests/recipes/test_benchmark_settings.py keeps them equal).
-GPT_LM = dict(preset="gpt_tiny", dataset="kzoo_tiny_shakespeare", batch_size=32, sequence_length=128,
-              learning_rate=2e-3, steps=1500, epochs=10, seed=0)
-BERT_PRETRAIN = dict(preset="bert_tiny", dataset="kzoo_rt_polarity", batch_size=64, sequence_length=64,
-                     max_sequence_length=128, vocabulary_size=8192, vocabulary_texts=30_000, learning_rate=1e-3,
-                     steps=4000, epochs=4, pack=True, seed=0)
+GPT_LM = dict(
+    preset="gpt_tiny",
+    dataset="kzoo_tiny_shakespeare",
+    batch_size=32,
+    sequence_length=128,
+    learning_rate=2e-3,
+    steps=1500,
+    epochs=10,
+    seed=0,
+)
+BERT_PRETRAIN = dict(
+    preset="bert_tiny",
+    dataset="kzoo_rt_polarity",
+    batch_size=64,
+    sequence_length=64,
+    max_sequence_length=128,
+    vocabulary_size=8192,
+    vocabulary_texts=30_000,
+    learning_rate=1e-3,
+    steps=4000,
+    epochs=4,
+    pack=True,
+    seed=0,
+)
 WARMUP_FRACTION = 0.05
 
 
@@ -44,8 +64,12 @@ def compile_like_the_recipes(model, settings, steps_per_epoch):
     """`Task.compile` with the recipes' schedule: linear warmup, then cosine decay to 0 at the last step."""
     total_steps = steps_per_epoch * settings["epochs"]
     warmup_steps = math.ceil(WARMUP_FRACTION * total_steps)
-    model.compile(learning_rate=settings["learning_rate"], warmup_steps=warmup_steps,
-                  decay_steps=total_steps - warmup_steps, jit_compile=False)
+    model.compile(
+        learning_rate=settings["learning_rate"],
+        warmup_steps=warmup_steps,
+        decay_steps=total_steps - warmup_steps,
+        jit_compile=False,
+    )
 
 
 def gpt_lm_case():
@@ -55,8 +79,14 @@ def gpt_lm_case():
     tokenizer = kzoo.data.character_tokenizer(backbone.vocabulary_size)
     texts = kzoo.data.load(settings["dataset"], "train")
     token_ids = np.concatenate([np.asarray(tokenizer(row["text"] + b"\n")) for row in texts.as_numpy_iterator()])
-    windows = kzoo.data.lm_windows(token_ids, settings["sequence_length"], settings["batch_size"], stride=1,
-                                   shuffle_buffer_size=len(token_ids), seed=settings["seed"])
+    windows = kzoo.data.lm_windows(
+        token_ids,
+        settings["sequence_length"],
+        settings["batch_size"],
+        stride=1,
+        shuffle_buffer_size=len(token_ids),
+        seed=settings["seed"],
+    )
 
     def gpt_inputs(inputs, targets):
         return {"token_ids": inputs, "padding_mask": tf.ones_like(inputs)}, targets
@@ -76,8 +106,13 @@ def bert_pretrain_case():
     vocabulary = kzoo.data.train_word_piece_vocabulary(sample, settings["vocabulary_size"], lowercase=True)
     tokenizer = kzoo.data.word_piece_tokenizer(vocabulary, lowercase=True)
     batches = kzoo.data.masked_lm_batches(
-        tf.data.Dataset.from_tensor_slices(texts), tokenizer, settings["sequence_length"], settings["batch_size"],
-        pack=settings["pack"], seed=settings["seed"], shuffle_buffer_size=len(texts),
+        tf.data.Dataset.from_tensor_slices(texts),
+        tokenizer,
+        settings["sequence_length"],
+        settings["batch_size"],
+        pack=settings["pack"],
+        seed=settings["seed"],
+        shuffle_buffer_size=len(texts),
     )
     backbone = kzoo.models.BertBackbone.from_preset(
         settings["preset"],
@@ -118,7 +153,9 @@ def main():
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     cases = {"gpt_lm": gpt_lm_case, "bert_pretrain": bert_pretrain_case}
-    results = {name: benchmark(cases[name](), args.steps, args.rounds, args.batches) for name in args.recipes.split(",")}
+    results = {
+        name: benchmark(cases[name](), args.steps, args.rounds, args.batches) for name in args.recipes.split(",")
+    }
     report("input_pipeline", {"results": results}, args.out)
 
 

@@ -63,9 +63,23 @@ def export(lm, folder, cache_length):
     kzoo.data.save_tokenizer(kzoo.data.CharacterTokenizer(lm.backbone.vocabulary_size), folder)
     out = folder / "export"
     command = [
-        sys.executable, str(REPOSITORY / "export" / "export.py"), str(folder / "model.keras"), "--out", str(out),
-        "--formats", "litertlm", "--cache-length", str(cache_length), "--max-length", str(cache_length),
-        "--num-examples", "2", "--generate-tokens", "8", "--latency-runs", "1",
+        sys.executable,
+        str(REPOSITORY / "export" / "export.py"),
+        str(folder / "model.keras"),
+        "--out",
+        str(out),
+        "--formats",
+        "litertlm",
+        "--cache-length",
+        str(cache_length),
+        "--max-length",
+        str(cache_length),
+        "--num-examples",
+        "2",
+        "--generate-tokens",
+        "8",
+        "--latency-runs",
+        "1",
     ]
     start = time.perf_counter()
     result = subprocess.run(command, capture_output=True, text=True)

@@ -52,7 +52,9 @@ import keras_hub  # noqa: E402
 import numpy as np  # noqa: E402
 
 import kzoo  # noqa: E402
-from benchmarks.common import median_time, report, wait_for_quiet  # noqa: E402
+from benchmarks.common import median_time  # noqa: E402
+from benchmarks.common import report  # noqa: E402
+from benchmarks.common import wait_for_quiet  # noqa: E402
 from kzoo.models.seq2seq.seq2seq_presets import SEQ2SEQ_PRESETS  # noqa: E402
 
 SIZES = dict(vocabulary_size=8192, num_layers=4, num_heads=4, hidden_dim=256, intermediate_dim=1024)
@@ -132,7 +134,10 @@ def gpt_case(rng, multiplier=1):
 def bert_case(rng, multiplier=1):
     batch, length, masked = 32 * multiplier, 128, 20
     ids = rng.integers(5, SIZES["vocabulary_size"], (8, batch, length)).astype("int32")
-    positions = np.sort(np.stack([[rng.choice(np.arange(1, length), masked, replace=False) for _ in range(batch)] for _ in range(8)]), -1).astype("int32")
+    positions = np.sort(
+        np.stack([[rng.choice(np.arange(1, length), masked, replace=False) for _ in range(batch)] for _ in range(8)]),
+        -1,
+    ).astype("int32")
     targets = np.take_along_axis(ids, positions, -1)
     inputs = ids.copy()
     np.put_along_axis(inputs, positions, 3, -1)
@@ -240,7 +245,9 @@ def benchmark(case, steps, rounds, jit_compile):
             "params": model.count_params(),
             "final_loss": round(float(model.history.history["loss"][-1]), 4),
         }
-    results["ratio_kzoo_over_keras_hub"] = round(results["kzoo"]["tokens_per_s"] / results["keras_hub"]["tokens_per_s"], 2)
+    results["ratio_kzoo_over_keras_hub"] = round(
+        results["kzoo"]["tokens_per_s"] / results["keras_hub"]["tokens_per_s"], 2
+    )
     return results
 
 
@@ -287,7 +294,9 @@ def main():
         case = {"gpt": gpt_case, "bert": bert_case, "seq2seq": seq2seq_case}[name](rng, args.batch_multiplier)
         for policy, jit_compile in rows:
             keras.mixed_precision.set_global_policy(policy)
-            results[f"{name}_{policy}_xla_{jit_compile}"] = entry = benchmark(case, args.steps, args.rounds, jit_compile)
+            results[f"{name}_{policy}_xla_{jit_compile}"] = entry = benchmark(
+                case, args.steps, args.rounds, jit_compile
+            )
             entry["precision"], entry["jit_compile"] = policy, jit_compile
     keras.mixed_precision.set_global_policy("float32")
     for policy, dtype in PRECISIONS.items():

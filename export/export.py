@@ -55,13 +55,21 @@ def parse_args(argv):
     parser.add_argument("--tokenizer-dir", help="where the model's tokenizer.json is (default: the model's folder)")
     parser.add_argument("--data-dir", help="the tensorflow-datasets folder (default: tfds' own)")
     parser.add_argument("--max-length", type=count, help="the full sequence length checked (default: the model's)")
-    parser.add_argument("--cache-length", type=count, help="positions of the TFLite KV cache (default: the model's maximum)")
     parser.add_argument(
-        "--prefill-lengths", type=lengths, help="LiteRT-LM prefill chunk lengths, e.g. 16,64 (default: 16, 64, 256 where they divide the cache)"
+        "--cache-length", type=count, help="positions of the TFLite KV cache (default: the model's maximum)"
+    )
+    parser.add_argument(
+        "--prefill-lengths",
+        type=lengths,
+        help="LiteRT-LM prefill chunk lengths, e.g. 16,64 (default: 16, 64, 256 where they divide the cache)",
     )
     parser.add_argument("--num-examples", type=count, default=32, help="held-out rows (default: 32)")
-    parser.add_argument("--num-representative", type=count, default=32, help="calibration rows for tflite_int8 (default: 32)")
-    parser.add_argument("--generate-tokens", type=count, default=32, help="new tokens per generation check (default: 32)")
+    parser.add_argument(
+        "--num-representative", type=count, default=32, help="calibration rows for tflite_int8 (default: 32)"
+    )
+    parser.add_argument(
+        "--generate-tokens", type=count, default=32, help="new tokens per generation check (default: 32)"
+    )
     parser.add_argument("--latency-runs", type=count, default=20, help="timed calls per latency median (default: 20)")
     parser.add_argument(
         "--quality-bound",
@@ -71,13 +79,15 @@ def parse_args(argv):
         help="largest held-out cross-entropy increase allowed for a quantized format, e.g. tflite_int8=0.2 "
         "(default: tflite_fp16=0.01, tflite_int8_dynamic=0.05, tflite_int8=0.1)",
     )
-    parser.add_argument("--compare-model-export", action="store_true", help="also report the size of Keras' model.export")
+    parser.add_argument(
+        "--compare-model-export", action="store_true", help="also report the size of Keras' model.export"
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace DIR if it exists")
     return parser.parse_args(argv)
 
 
 def lengths(text):
-    """"16,64" -> [16, 64] (argparse type)."""
+    """ "16,64" -> [16, 64] (argparse type)."""
     try:
         values = [int(n) for n in text.split(",")]
     except ValueError:
@@ -108,7 +118,11 @@ def summary(report):
         lines.append(
             f"{name:20s} {artifact['size_bytes'] / 1e6:8.2f} MB  "
             f"max|diff| {max(artifact['max_abs_diff'].values()):.2e}  "
-            + (f"cross-entropy {delta:+.4f}" + (f" (bound {quality['bound']:g})  " if "bound" in quality else "  ") if delta is not None else "")
+            + (
+                f"cross-entropy {delta:+.4f}" + (f" (bound {quality['bound']:g})  " if "bound" in quality else "  ")
+                if delta is not None
+                else ""
+            )
             + (f"generation {'=' if generation['matches_keras'] else '!='} Keras  " if generation else "")
             + (f"text signature {'=' if text['matches_keras'] else '!='} Keras  " if text else "")
             + "  ".join(f"{key} {value:.2f} ms" for key, value in artifact["latency_ms"].items())

@@ -102,7 +102,11 @@ def main(argv=None):
         print(describe({name: value.numpy() for name, value in outputs.items()}))
         if "generate" in loaded.signatures:
             tokens = generate(
-                loaded.signatures["generate"], args.token_ids, args.max_length, args.stop_token_ids, args.encoder_token_ids
+                loaded.signatures["generate"],
+                args.token_ids,
+                args.max_length,
+                args.stop_token_ids,
+                args.encoder_token_ids,
             )
             print("generated:", tokens)
     except tf.errors.InvalidArgumentError as error:  # The model's own checks (ids, lengths), for files without info.
@@ -122,7 +126,8 @@ def load(parser, path):
     if not any(required <= names for required in SERVING_INPUTS):
         parser.error(
             f"{path} has no kzoo serving signatures (serving_default with token_ids, or encoder_token_ids and "
-            f"decoder_token_ids; it has {sorted(loaded.signatures) or 'no signatures'}): export the model with export/export.py."
+            f"decoder_token_ids; it has {sorted(loaded.signatures) or 'no signatures'}): "
+            "export the model with export/export.py."
         )
     info_path = os.path.join(path, INFO_FILE)
     info = json.loads(open(info_path, encoding="utf-8").read()) if os.path.isfile(info_path) else {}

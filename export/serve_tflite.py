@@ -43,11 +43,15 @@ def load_runner():
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", help="a .tflite file written by export/export.py")
-    parser.add_argument("--token-ids", type=ids, required=True, help="comma-separated ids (seq2seq: the decoder prompt)")
+    parser.add_argument(
+        "--token-ids", type=ids, required=True, help="comma-separated ids (seq2seq: the decoder prompt)"
+    )
     parser.add_argument("--segment-ids", type=ids, help="BERT segment ids (default: all 0)")
     parser.add_argument("--encoder-token-ids", type=ids, help="seq2seq: the source ids")
     parser.add_argument(
-        "--max-length", type=int, help=f"generation: total length (default: {DEFAULT_MAX_LENGTH}, or the cache length if shorter)"
+        "--max-length",
+        type=int,
+        help=f"generation: total length (default: {DEFAULT_MAX_LENGTH}, or the cache length if shorter)",
     )
     parser.add_argument("--stop-token-ids", type=ids, default=[], help="generation: ids that end it")
     parser.add_argument("--num-threads", type=int, default=2, help="LiteRT CPU threads (default: 2)")

@@ -13,7 +13,7 @@ ID_FLAGS = ("--token-ids", "--segment-ids", "--encoder-token-ids", "--stop-token
 
 
 def ids(text):
-    """"72,105,33" -> [72, 105, 33] (argparse type); anything but integers is refused."""
+    """ "72,105,33" -> [72, 105, 33] (argparse type); anything but integers is refused."""
     tokens = [token.strip() for token in text.split(",") if token.strip()]
     if not tokens or not all(re.fullmatch(r"[+-]?\d+", token) for token in tokens):
         raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 72,105,33; received {text!r}")
@@ -34,7 +34,9 @@ FLAGS = {
 
 def naming_flags(message):
     """`message` with each input named as "`token_ids` (--token-ids)"."""
-    return re.sub(r"`(\w+)`", lambda match: f"{match[0]} ({FLAGS[match[1]]})" if match[1] in FLAGS else match[0], message)
+    return re.sub(
+        r"`(\w+)`", lambda match: f"{match[0]} ({FLAGS[match[1]]})" if match[1] in FLAGS else match[0], message
+    )
 
 
 def id_arguments(argv):

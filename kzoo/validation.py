@@ -18,17 +18,13 @@ def check_rate(name, value):
 
 def check_choice(name, value, choices):
     if value not in choices:
-        raise ValueError(
-            f"`{name}` must be one of {list(choices)}; received {name}={value!r}."
-        )
+        raise ValueError(f"`{name}` must be one of {list(choices)}; received {name}={value!r}.")
     return value
 
 
 def check_divisible(name, value, divisor_name, divisor):
     if value % divisor:
-        raise ValueError(
-            f"`{name}` ({value}) must be divisible by `{divisor_name}` ({divisor})."
-        )
+        raise ValueError(f"`{name}` ({value}) must be divisible by `{divisor_name}` ({divisor}).")
 
 
 def clone_initializer(initializer):

@@ -115,7 +115,9 @@ def parse_args(argv, recipe_file, description, defaults, quick, add_arguments=No
     parser.add_argument("--batch-size", type=int, help="the global batch size")
     parser.add_argument("--learning-rate", type=float, help="the peak learning rate (linear warmup, cosine decay)")
     parser.add_argument("--output-dir", help=f"where the run's files go (default: runs/{recipe})")
-    parser.add_argument("--strategy", default="auto", choices=kzoo.training.STRATEGY_NAMES, help="see kzoo.training.get_strategy")
+    parser.add_argument(
+        "--strategy", default="auto", choices=kzoo.training.STRATEGY_NAMES, help="see kzoo.training.get_strategy"
+    )
     parser.add_argument(
         "--mixed-precision", action="store_true", help="mixed_float16 on GPUs, mixed_bfloat16 on CPUs and TPUs"
     )
@@ -124,7 +126,8 @@ def parse_args(argv, recipe_file, description, defaults, quick, add_arguments=No
         "--data-dir", help="the folder of kzoo's corpus files (default: $KZOO_DATA_DIR, else recipes/data)"
     )
     parser.add_argument(
-        "--tfds-dir", help="where tensorflow-datasets keeps prepared datasets (default: $TFDS_DATA_DIR, else ~/tensorflow_datasets)"
+        "--tfds-dir",
+        help="where tensorflow-datasets keeps prepared datasets (default: $TFDS_DATA_DIR, else ~/tensorflow_datasets)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seeds the weights, the data order and sampling")
     parser.add_argument("--quick", action="store_true", help="tiny, fast settings: for tests and smoke runs")
@@ -184,7 +187,9 @@ def text_windows(args, split, tokenizer, sequence_length, batch_size, stride=Non
     texts = load(args, args.dataset, split)
     if not isinstance(texts.element_spec, dict) or "text" not in texts.element_spec:
         args.parser.error(f"--dataset {args.dataset} has no 'text' feature to train a language model on.")
-    token_ids = np.concatenate([np.asarray(tokenizer(example["text"] + b"\n")) for example in texts.as_numpy_iterator()])
+    token_ids = np.concatenate(
+        [np.asarray(tokenizer(example["text"] + b"\n")) for example in texts.as_numpy_iterator()]
+    )
     try:
         return kzoo.data.lm_windows(
             token_ids,
@@ -443,7 +448,12 @@ def checked_token_ids(dataset, model):
         checks = [
             tf.debugging.Assert(
                 tf.reduce_all((value >= 0) & (value < vocabulary_size)),
-                [f"{_BAD_TOKEN_IDS}, [0, {vocabulary_size}), in `{name}`: ids from", tf.reduce_min(value), "to", tf.reduce_max(value)],
+                [
+                    f"{_BAD_TOKEN_IDS}, [0, {vocabulary_size}), in `{name}`: ids from",
+                    tf.reduce_min(value),
+                    "to",
+                    tf.reduce_max(value),
+                ],
             )
             for name, value in features.items()
             if name.endswith("token_ids")
@@ -602,7 +612,6 @@ class Run:
             print(f"  {name:<{width}}  {value:,}" if isinstance(value, int) else f"  {name:<{width}}  {value:.4f}")
         return record
 
-
     def _remove_backups(self):
         """The run is finished: its backups and the record of its settings go, and so does the lock."""
         for folder in self._fitted_folders:
@@ -632,7 +641,9 @@ def plot_histories(histories, steps_per_epoch, path, title=""):
     """
     names = []
     for history in histories.values():
-        names += [name for name in history if name not in names + ["epoch", "learning_rate"] and not name.startswith("val_")]
+        names += [
+            name for name in history if name not in names + ["epoch", "learning_rate"] and not name.startswith("val_")
+        ]
     if not names:
         return
     # A bare Figure, not pyplot: no display backend or global figure state is involved.

@@ -152,9 +152,9 @@ def corpus_bleu(tokenizer, references, hypotheses):
 
 def show_examples(sources, references, hypotheses, count=EXAMPLES_SHOWN):
     """Prints and returns the first `count` (source, reference, output) triples."""
-    examples = [
-        {"source": s, "reference": r, "output": h} for s, r, h in zip(sources[:count], references, hypotheses)
-    ]
+    examples = [{"source": s, "reference": r, "output": h} for s, r, h in zip(sources[:count], references, hypotheses)]
     for example in examples:
-        print(f"\n  source:    {example['source']}\n  reference: {example['reference']}\n  output:    {example['output']}")
+        print(
+            f"\n  source:    {example['source']}\n  reference: {example['reference']}\n  output:    {example['output']}"
+        )
     return examples

@@ -86,9 +86,7 @@ def main(argv=None):
     histories = {"bert": run.fit(classifier, train_batches.repeat(), steps_per_epoch, test_batches, name="bert")}
     run.save(classifier)
 
-    vectorizer = keras.layers.TextVectorization(
-        max_tokens=BAG_OF_WORDS_VOCABULARY, ngrams=2, output_mode="tf_idf"
-    )
+    vectorizer = keras.layers.TextVectorization(max_tokens=BAG_OF_WORDS_VOCABULARY, ngrams=2, output_mode="tf_idf")
     vectorizer.adapt(tf.data.Dataset.from_tensor_slices(list(texts)).batch(1024))
 
     def vectorize(text, label):

@@ -1,6 +1,7 @@
 """BERT masked-language-model pretraining on the English text of kzoo's shipped corpora.
 
-    python recipes/bert_pretrain.py           # bert_tiny; then bert_classify.py / bert_tag.py --pretrained runs/bert_pretrain
+    python recipes/bert_pretrain.py           # bert_tiny; then fine-tune it:
+    python recipes/bert_classify.py --checkpoint runs/bert_pretrain   # (or bert_tag.py)
     python recipes/bert_pretrain.py --quick   # a smoke run
 
 Gathers the unlabelled text of the training splits of `--datasets` (labels are dropped; no
@@ -76,7 +77,9 @@ def main(argv=None):
     args = _common.parse_args(argv, __file__, __doc__, DEFAULTS, QUICK, add_arguments)
     run = _common.start(args)
     texts = corpus_texts(args)
-    splits = kzoo.data.seeded_split(texts, {"train": 1 - VALIDATION_FRACTION, "validation": VALIDATION_FRACTION}, args.seed)
+    splits = kzoo.data.seeded_split(
+        texts, {"train": 1 - VALIDATION_FRACTION, "validation": VALIDATION_FRACTION}, args.seed
+    )
     print(f"{len(splits['train']):,} training and {len(splits['validation']):,} validation texts.")
     tokenizer = _common.word_piece_tokenizer(args, splits["train"], lowercase=not args.cased)
 

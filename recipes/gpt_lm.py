@@ -43,9 +43,7 @@ TOP_K = 5
 
 def add_arguments(parser):
     _language_models.add_data_arguments(parser)
-    parser.add_argument(
-        "--short", action="store_true", help=f"the README's main job, a shorter training run: {SHORT}"
-    )
+    parser.add_argument("--short", action="store_true", help=f"the README's main job, a shorter training run: {SHORT}")
     parser.add_argument("--prompt", help="the text the sample continues")
     parser.add_argument("--sample-length", type=int, help="characters to generate after the prompt")
 

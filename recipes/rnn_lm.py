@@ -6,9 +6,9 @@
 The recurrent baselines the Transformer replaced (`kzoo.models.RNNLanguageModel`), trained
 like `gpt_lm.py`: the same text, character tokenizer, windows, batches and optimizer, but by
 default for 800 steps rather than the GPT's 1,500 (sequential recurrence is slower per
-step on a CPU, and two models must fit in the recipe's time). Each cell gets one recurrent layer whose width is chosen so that the whole model
-has as many parameters as the GPT that `gpt_lm.py` trains with the same flags (nearest
-width in steps of 8 units).
+step on a CPU, and two models must fit in the recipe's time). Each cell gets one recurrent
+layer whose width is chosen so that the whole model has as many parameters as the GPT that
+`gpt_lm.py` trains with the same flags (nearest width in steps of 8 units).
 
 Writes each model's checkpoints, logs and history into `lstm/` and `gru/` under the output
 folder, and prints the validation perplexities side by side with the GPT's, read from

@@ -162,7 +162,9 @@ def rerun_with_another_preset(tmp_path, tfds_dir):
 
 def gpt_lm_args(output_dir, tfds_dir):
     argv = [*TINY_RUN, "--output-dir", str(output_dir), "--tfds-dir", str(tfds_dir)]
-    return _common.parse_args(argv, gpt_lm.__file__, gpt_lm.__doc__, _language_models.DEFAULTS, _language_models.QUICK, gpt_lm.add_arguments)
+    return _common.parse_args(
+        argv, gpt_lm.__file__, gpt_lm.__doc__, _language_models.DEFAULTS, _language_models.QUICK, gpt_lm.add_arguments
+    )
 
 
 def output_dir_is_a_file(tmp_path, tfds_dir):
@@ -184,7 +186,12 @@ def backup_of_another_model(tmp_path):
     for layers in (1, 2):
         model = kzoo.models.GPTCausalLM(
             kzoo.models.GPTBackbone(
-                vocabulary_size=V, num_layers=layers, num_heads=2, hidden_dim=16, intermediate_dim=32, max_sequence_length=8
+                vocabulary_size=V,
+                num_layers=layers,
+                num_heads=2,
+                hidden_dim=16,
+                intermediate_dim=32,
+                max_sequence_length=8,
             )
         )
         model.compile()
@@ -329,7 +336,9 @@ def test_a_killed_export_leaves_no_hidden_folder_once_the_next_one_ran(files, tm
     out = tmp_path / "out"
     command = [sys.executable, str(REPOSITORY / "export" / "export.py"), str(files.keras_file), "--out", str(out),
                "--formats", "tflite_fp32", "--num-examples", "2", "--latency-runs", "1", "--generate-tokens", "2"]  # fmt: skip
-    environment = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPOSITORY), os.environ.get("PYTHONPATH")])))
+    environment = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPOSITORY), os.environ.get("PYTHONPATH")]))
+    )
     process = subprocess.Popen(command, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
     while not list(tmp_path.glob(".out.*.partial")):

@@ -50,6 +50,12 @@ def test_litertlm_benchmark_measures_every_row():
     assert results["fp32"]["verified"]["generation"]["matches_keras"]
     assert results["export"]["seconds"] > 0 and results["export"]["peak_resident_bytes"] > 0
     for precision in ("fp32", "int8"):
-        assert results[precision]["decode_ms_per_token"] > 0 and results[precision]["end_to_end_new_tokens_per_second"] > 0
+        assert (
+            results[precision]["decode_ms_per_token"] > 0 and results[precision]["end_to_end_new_tokens_per_second"] > 0
+        )
     assert results["keras_generate_batch1"]["new_tokens_per_second"] > 0
-    assert set(results["targets"]) == {"fp32_step_over_weight_floor", "int8_end_to_end_over_keras", "fp32_file_over_weights"}
+    assert set(results["targets"]) == {
+        "fp32_step_over_weight_floor",
+        "int8_end_to_end_over_keras",
+        "fp32_file_over_weights",
+    }

@@ -159,8 +159,15 @@ def test_the_fused_ops_compile_once_for_every_layer_of_a_model():
     """A deeper model of equal layers compiles no more fused computations: they are shared."""
 
     def compiled(num_layers):
-        backbone = kzoo.models.GPTBackbone(vocabulary_size=50, num_layers=num_layers, num_heads=2, hidden_dim=16,
-                                           intermediate_dim=32, max_sequence_length=8, dropout=0.1)
+        backbone = kzoo.models.GPTBackbone(
+            vocabulary_size=50,
+            num_layers=num_layers,
+            num_heads=2,
+            hidden_dim=16,
+            intermediate_dim=32,
+            max_sequence_length=8,
+            dropout=0.1,
+        )
         ids = tf.ones((2, 8), "int32")
 
         def step():
@@ -209,8 +216,10 @@ def test_a_block_trains_fused_as_it_trains_plain(norm_first):
         2, 32, dropout=0.2, activation="gelu_approximate", norm_first=norm_first
     )
     x, encoded = tf.constant(random(2, 6, 16)), tf.constant(random(2, 3, 16, seed=1))
-    masks = dict(padding_mask=np.array([[1, 1, 1, 1, 0, 0], [1] * 6], bool),
-                 encoder_padding_mask=np.array([[1, 1, 0], [1, 1, 1]], bool))
+    masks = dict(
+        padding_mask=np.array([[1, 1, 1, 1, 0, 0], [1] * 6], bool),
+        encoder_padding_mask=np.array([[1, 1, 0], [1, 1, 1]], bool),
+    )
     block(x, encoded, **masks)
     weights = [w.value for w in block.trainable_weights]
     seeds = [getattr(layer, "seed_generator", None) for layer in block._flatten_layers()]  # the block's included
@@ -267,12 +276,16 @@ def test_inside_whole_model_xla_the_noise_is_uniform_floats():
     seed = keras.random.SeedGenerator(1)
     noise = tf.function(lambda: dropout_noise((4, 5), 0.1, seed), jit_compile=True)()
     assert tuple(noise.shape) == (4, 5) and noise.dtype == "float32"
-    np.testing.assert_allclose(dropout(ops.ones((3,)), ops.array([0.05, 0.1, 0.9]), 0.1), [0.0, 1 / 0.9, 1 / 0.9], rtol=1e-6)
+    np.testing.assert_allclose(
+        dropout(ops.ones((3,)), ops.array([0.05, 0.1, 0.9]), 0.1), [0.0, 1 / 0.9, 1 / 0.9], rtol=1e-6
+    )
 
 
 def test_training_dropout_drops_at_the_rate_and_differs_per_call():
     # Every hidden unit is relu(0 x + 1) = 1; the identity output kernel copies them out.
-    layer = kzoo.layers.FeedForward(512, dropout=0.25, output_dim=512, kernel_initializer="zeros", bias_initializer="ones")
+    layer = kzoo.layers.FeedForward(
+        512, dropout=0.25, output_dim=512, kernel_initializer="zeros", bias_initializer="ones"
+    )
     x = tf.ones((1, 16, 8))
     layer(x)
     layer.output_dense.kernel.assign(np.eye(512, dtype="float32"))

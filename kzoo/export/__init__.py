@@ -27,6 +27,7 @@ Example:
 >>> lm.generate([72, 105], max_length=32)
 """
 
+from kzoo.export import verification
 from kzoo.export.exporter import DEFAULT_FORMATS
 from kzoo.export.exporter import FORMATS
 from kzoo.export.exporter import REPORT_FILE
@@ -40,4 +41,3 @@ from kzoo.export.serving_signatures import ServingSignatures
 from kzoo.export.tflite_conversion import TFLITE_FORMATS
 from kzoo.export.verification import FP32_TOLERANCE
 from kzoo.export.verification import QUALITY_BOUNDS
-from kzoo.export import verification

@@ -105,32 +105,52 @@ def dataset_data(
         if task in ("causal_lm", "lm") and "mask_positions" not in names:
             texts = _texts(load(split))
             token_ids = texts.map(lambda text: tokenizer(text[None])[0])
-            windows = data.lm_windows(
-                token_ids, length, rows, shuffle_buffer_size=shuffle_buffer_size, seed=seed
-            )
+            windows = data.lm_windows(token_ids, length, rows, shuffle_buffer_size=shuffle_buffer_size, seed=seed)
             x, targets = next(iter(windows))
             x = {"token_ids": x, "padding_mask": np.ones_like(x)}
             return x, targets, None
         if "mask_positions" in names:
             batches = data.masked_lm_batches(
-                _texts(load(split)), tokenizer, length, rows,
-                vocabulary_size=vocabulary_size, shuffle_buffer_size=shuffle_buffer_size, seed=seed,
-                **special, **masking,
+                _texts(load(split)),
+                tokenizer,
+                length,
+                rows,
+                vocabulary_size=vocabulary_size,
+                shuffle_buffer_size=shuffle_buffer_size,
+                seed=seed,
+                **special,
+                **masking,
             )
         elif task == "classifier":
             batches = data.classification_batches(
-                load(split, as_supervised=True), tokenizer, length, rows,
-                shuffle_buffer_size=shuffle_buffer_size, seed=seed, **special,
+                load(split, as_supervised=True),
+                tokenizer,
+                length,
+                rows,
+                shuffle_buffer_size=shuffle_buffer_size,
+                seed=seed,
+                **special,
             )
         elif task == "tagger":
             batches = data.tagging_batches(
-                load(split, as_supervised=True), tokenizer, length, rows,
-                shuffle_buffer_size=shuffle_buffer_size, seed=seed, **special,
+                load(split, as_supervised=True),
+                tokenizer,
+                length,
+                rows,
+                shuffle_buffer_size=shuffle_buffer_size,
+                seed=seed,
+                **special,
             )
         else:  # seq2seq: one tokenizer for both sides, as the tied-embedding model needs
             batches = data.seq2seq_batches(
-                load(split, as_supervised=True), tokenizer, tokenizer, length, length, rows,
-                shuffle_buffer_size=shuffle_buffer_size, seed=seed,
+                load(split, as_supervised=True),
+                tokenizer,
+                tokenizer,
+                length,
+                length,
+                rows,
+                shuffle_buffer_size=shuffle_buffer_size,
+                seed=seed,
             )
         x, targets, *weights = next(iter(batches))
         return x, targets, (weights[0] if weights else None)

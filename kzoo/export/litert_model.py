@@ -82,13 +82,14 @@ class LiteRTModel:
         unknown = sorted(set(inputs) - set(details))
         if missing or unknown:
             raise ValueError(
-                f"Signature {signature!r} takes inputs {sorted(details)}; "
-                f"missing {missing}, unknown {unknown}."
+                f"Signature {signature!r} takes inputs {sorted(details)}; missing {missing}, unknown {unknown}."
             )
         inputs = {name: self._checked(name, value, details[name]["dtype"]) for name, value in inputs.items()}
         runner = self._runners[signature]
         batch = {value.shape[0] for value in inputs.values() if value.ndim > 0}
-        fixed_batch = any(d["shape_signature"][:1].tolist() == [1] for d in details.values() if len(d["shape_signature"]))
+        fixed_batch = any(
+            d["shape_signature"][:1].tolist() == [1] for d in details.values() if len(d["shape_signature"])
+        )
         if fixed_batch and batch and max(batch) > 1:
             rows = [runner(**{name: value[i : i + 1] for name, value in inputs.items()}) for i in range(max(batch))]
             return {name: np.concatenate([row[name] for row in rows]) for name in rows[0]}
@@ -134,9 +135,13 @@ class LiteRTModel:
         prompt_ids = check_token_ids(prompt_ids, vocabulary_size, "prompt_ids").reshape(-1).tolist()
         stop_token_ids = check_token_ids(stop_token_ids, vocabulary_size, "stop_token_ids").reshape(-1).tolist()
         if encoder_token_ids is not None:
-            encoder_token_ids = check_token_ids(
-                encoder_token_ids, vocabulary_size, "encoder_token_ids", self.info.get("max_sequence_length")
-            ).reshape(-1).tolist()
+            encoder_token_ids = (
+                check_token_ids(
+                    encoder_token_ids, vocabulary_size, "encoder_token_ids", self.info.get("max_sequence_length")
+                )
+                .reshape(-1)
+                .tolist()
+            )
             if not encoder_token_ids:
                 raise ValueError("`encoder_token_ids` is empty: the source needs at least one token.")
         if max_length is None:
@@ -208,7 +213,10 @@ def check_token_ids(values, vocabulary_size=None, name="token_ids", max_length=N
     if array.size == 0:
         return array.astype(np.int64)
     if not np.issubdtype(array.dtype, np.integer):
-        raise ValueError(f"`{name}` must hold integer token ids; received {array.dtype.name} values such as {array.reshape(-1)[0].item()!r}.")
+        raise ValueError(
+            f"`{name}` must hold integer token ids; received {array.dtype.name} values "
+            f"such as {array.reshape(-1)[0].item()!r}."
+        )
     if vocabulary_size is not None:
         outside = array[(array < 0) | (array >= vocabulary_size)]
         if outside.size:

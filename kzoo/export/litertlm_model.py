@@ -208,7 +208,7 @@ def read_metadata(path):
     """The bundle's `LlmMetadata` proto (after `read_sections`' checks)."""
     from litert_lm_builder.runtime.proto import llm_metadata_pb2
 
-    (begin, end), = [(b, e) for kind, _, b, e in read_sections(path) if kind == "LlmMetadataProto"]
+    ((begin, end),) = [(b, e) for kind, _, b, e in read_sections(path) if kind == "LlmMetadataProto"]
     metadata = llm_metadata_pb2.LlmMetadata()
     metadata.ParseFromString(_read(path, begin, end))
     return metadata
@@ -217,7 +217,7 @@ def read_metadata(path):
 def read_tflite_model(path):
     """The bytes of the bundle's prefill/decode TFLite model."""
     sections = read_sections(path)
-    (begin, end), = [(b, e) for kind, model_type, b, e in sections if kind == "TFLiteModel"]
+    ((begin, end),) = [(b, e) for kind, model_type, b, e in sections if kind == "TFLiteModel"]
     return _read(path, begin, end)
 
 

@@ -67,7 +67,8 @@ def input_names(model):
 def classifier_special_ids(tokenizer):
     """The `[CLS]` and `[SEP]` ids a classifier's text is wrapped in: the tokenizer's own
     (a Hugging Face vocabulary has them at 101 and 102), else kzoo's."""
-    from kzoo.data.tokenizers import CLS_ID, SEP_ID  # kzoo.data imports tensorflow-datasets: only here
+    from kzoo.data.tokenizers import CLS_ID  # kzoo.data imports tensorflow-datasets: only here
+    from kzoo.data.tokenizers import SEP_ID  # kzoo.data imports tensorflow-datasets: only here
     from kzoo.models import text_inputs
 
     try:
@@ -81,7 +82,9 @@ def check_cache_length(model, cache_length=None):
     the model's maximum sequence length; raises ValueError outside [2, that maximum]."""
     limit = max_length_of(model)
     if cache_length is not None and not 1 < cache_length <= limit:
-        raise ValueError(f"`cache_length` ({cache_length}) must be in [2, {limit}], the model's maximum sequence length.")
+        raise ValueError(
+            f"`cache_length` ({cache_length}) must be in [2, {limit}], the model's maximum sequence length."
+        )
     return cache_length or limit
 
 
@@ -171,7 +174,9 @@ class ServingSignatures:
         self._functions = _signature_functions(model, self.task, self.input_names, self.cache_length)
         self.tokenizer = tokenizer if self.task in TEXT_SIGNATURES else None
         if self.tokenizer is not None:
-            self._functions[self.text_signature] = _text_function(model, self.task, self.input_names, self._functions, tokenizer)
+            self._functions[self.text_signature] = _text_function(
+                model, self.task, self.input_names, self._functions, tokenizer
+            )
         self.variables = _captured_variables(
             [function.get_concrete_function() for function in self._functions.values()]
         )
@@ -304,8 +309,14 @@ def _greedy_loop(sampler, start, step, token_ids, prompt_mask, stop_token_ids):
     logits, cache = start(token_ids[:, :prefill], length)
     noise = tf.zeros((length, batch))  # greedy draws no random numbers
     token_ids, generated = sampler.run(
-        step, token_ids, prompt_mask=prompt_mask, logits=logits, cache=cache, index=prefill,
-        stop_token_ids=stop_token_ids, noise=noise,
+        step,
+        token_ids,
+        prompt_mask=prompt_mask,
+        logits=logits,
+        cache=cache,
+        index=prefill,
+        stop_token_ids=stop_token_ids,
+        noise=noise,
     )
     return {"token_ids": token_ids, "padding_mask": tf.cast(tf.logical_or(generated, prompt_mask), tf.int32)}
 
@@ -354,7 +365,9 @@ def _seq2seq_generation(model, cache_length):
 
         def start(prefix, length):
             cache = model.empty_cache(tf.shape(prefix)[0], length)
-            logits, _, cache, cross_cache = model.call_decoder_with_cache(encoder_output, encoder_mask, prefix, cache, 0)
+            logits, _, cache, cross_cache = model.call_decoder_with_cache(
+                encoder_output, encoder_mask, prefix, cache, 0
+            )
             return logits[:, -1], (cache, cross_cache)
 
         def step(token, caches, index):
@@ -401,7 +414,8 @@ def _text_function(model, task, names, functions, tokenizer):
     """The signature of `task` that takes raw strings (see `ServingSignatures`)."""
     # kzoo.data imports tensorflow-datasets: only here.
     from kzoo.data.pipelines import tokenize
-    from kzoo.data.tokenizers import BOS_ID, EOS_ID
+    from kzoo.data.tokenizers import BOS_ID
+    from kzoo.data.tokenizers import EOS_ID
 
     max_length = max_length_of(model)
     text_spec = tf.TensorSpec([None], tf.string, name="text")
@@ -417,7 +431,6 @@ def _text_function(model, task, names, functions, tokenizer):
         return tf.debugging.assert_positive(max_new_tokens, message="`max_new_tokens` must be >= 1.")
 
     if task == "classifier":
-
         cls_id, sep_id = classifier_special_ids(tokenizer)
 
         @tf.function(input_signature=[text_spec])
@@ -445,13 +458,17 @@ def _text_function(model, task, names, functions, tokenizer):
             ids = token_ids(text)
             lengths = ids.row_lengths()
             longest = tf.cast(tf.reduce_max(lengths), tf.int32)
-            with tf.control_dependencies([
-                check_new_tokens(max_new_tokens),
-                tf.debugging.assert_positive(lengths, message="Every prompt needs at least one token."),
-                tf.debugging.assert_less(
-                    longest, max_length, message=f"A prompt must have fewer tokens than the model's maximum length {max_length}."
-                ),
-            ]):
+            with tf.control_dependencies(
+                [
+                    check_new_tokens(max_new_tokens),
+                    tf.debugging.assert_positive(lengths, message="Every prompt needs at least one token."),
+                    tf.debugging.assert_less(
+                        longest,
+                        max_length,
+                        message=f"A prompt must have fewer tokens than the model's maximum length {max_length}.",
+                    ),
+                ]
+            ):
                 shape = tf.stack([ids.nrows(out_type=tf.int32), tf.minimum(longest + max_new_tokens, max_length)])
             outputs = generate(
                 token_ids=ids.to_tensor(shape=shape),
@@ -468,9 +485,7 @@ def _text_function(model, task, names, functions, tokenizer):
         with tf.control_dependencies([check_new_tokens(max_new_tokens)]):
             length = tf.minimum(1 + max_new_tokens, max_length)
         starts = tf.pad(tf.fill([tf.shape(sources)[0], 1], BOS_ID), [[0, 0], [0, length - 1]])  # [BOS] 0 0 ...
-        outputs = generate(
-            encoder_token_ids=sources, decoder_token_ids=starts, stop_token_ids=tf.constant([EOS_ID])
-        )
+        outputs = generate(encoder_token_ids=sources, decoder_token_ids=starts, stop_token_ids=tf.constant([EOS_ID]))
         ids = outputs["token_ids"]
         keep = (outputs["padding_mask"] > 0) & (ids != BOS_ID) & (ids != EOS_ID)
         return {"text": detokenize(ids, keep)}

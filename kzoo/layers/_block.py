@@ -50,9 +50,7 @@ class TransformerBlockBase(keras.layers.Layer):
 
     def _check_width(self, width):
         if width is None or width % self.num_heads:
-            raise ValueError(
-                f"`num_heads` ({self.num_heads}) must divide the input width ({width})."
-            )
+            raise ValueError(f"`num_heads` ({self.num_heads}) must divide the input width ({width}).")
         return width // self.num_heads
 
     def _attention(self, name, query_shape, value_shape=None):
@@ -122,4 +120,3 @@ class TransformerBlockBase(keras.layers.Layer):
             bias_initializer=keras.initializers.serialize(self.bias_initializer),
         )
         return config
-

@@ -47,7 +47,13 @@ class AddAndNorm(LayerNormalization):
     def call(self, x, y, training=None):
         """`x` the sublayer's input, `y` its output, of one shape."""
         return kzoo_ops.residual_dropout_layer_norm(
-            x, y, self.gamma, self.beta, epsilon=self.epsilon, rate=self.dropout, seed=self.seed_generator,
+            x,
+            y,
+            self.gamma,
+            self.beta,
+            epsilon=self.epsilon,
+            rate=self.dropout,
+            seed=self.seed_generator,
             training=training,
         )
 

@@ -3,7 +3,6 @@
 from keras import ops
 
 # Keras keeps implicit masks through a private accessor (as keras-hub does).
-from keras.src.backend import get_keras_mask as keras_mask
 
 
 def causal_mask(query_length, key_length, offset=0):

@@ -85,9 +85,7 @@ class MultiHeadAttention(keras.layers.Layer):
         self.num_heads = check_positive_int("num_heads", num_heads)
         self.key_dim = check_positive_int("key_dim", key_dim)
         self.value_dim = check_positive_int("value_dim", value_dim or key_dim)
-        self.num_key_value_heads = check_positive_int(
-            "num_key_value_heads", num_key_value_heads or num_heads
-        )
+        self.num_key_value_heads = check_positive_int("num_key_value_heads", num_key_value_heads or num_heads)
         check_divisible("num_heads", num_heads, "num_key_value_heads", self.num_key_value_heads)
         self.dropout = check_rate("dropout", dropout)
         self.use_bias = use_bias
@@ -263,11 +261,7 @@ class MultiHeadAttention(keras.layers.Layer):
             query_mask=query_mask,
             key_mask=key_padding,
             attention_mask=attention_mask,
-            causal=(
-                causal_mask(ops.shape(q)[2], ops.shape(k)[2], key_offset)
-                if use_causal_mask
-                else None
-            ),
+            causal=(causal_mask(ops.shape(q)[2], ops.shape(k)[2], key_offset) if use_causal_mask else None),
         )
         output, scores = self._attend(q, k, v, mask, training, return_attention_scores)
         output = self.output_dense(output)  # (B, T_q, d)
@@ -331,9 +325,7 @@ class MultiHeadAttention(keras.layers.Layer):
         cache=None,
         **kwargs,
     ):
-        output = keras.KerasTensor(
-            self.compute_output_shape(query.shape), dtype=self.compute_dtype
-        )
+        output = keras.KerasTensor(self.compute_output_shape(query.shape), dtype=self.compute_dtype)
         results = (output,)
         if return_attention_scores:
             if cache is not None:

@@ -52,9 +52,7 @@ class RotaryEmbedding(keras.layers.Layer):
         axis = self.sequence_axis % rank
         length = ops.shape(inputs)[axis]
         positions = ops.cast(ops.arange(length) + start_index, "float32") / self.scaling_factor
-        inverse_frequency = ops.power(
-            float(self.max_wavelength), -ops.arange(0, dim, 2, dtype="float32") / dim
-        )
+        inverse_frequency = ops.power(float(self.max_wavelength), -ops.arange(0, dim, 2, dtype="float32") / dim)
         angles = positions[:, None] * inverse_frequency[None, :]  # (T, d/2)
         broadcast_shape = [1] * rank
         broadcast_shape[axis], broadcast_shape[-1] = length, dim // 2

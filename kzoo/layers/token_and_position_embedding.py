@@ -81,9 +81,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
                 sequence_length, dtype=self.dtype_policy, name="position_embedding"
             )
         elif position == "sinusoidal":
-            self.position_embedding = SinusoidalPositionEncoding(
-                dtype=self.dtype_policy, name="position_embedding"
-            )
+            self.position_embedding = SinusoidalPositionEncoding(dtype=self.dtype_policy, name="position_embedding")
         else:
             self.position_embedding = None
 

@@ -59,9 +59,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
         self.self_attention = self._attention("self_attention", x_shape)
         self.self_attention_norm = self._norm("self_attention", x_shape)
         if self.cross_attention:
-            self.cross_attention_layer = self._attention(
-                "cross_attention", x_shape, encoder_sequence_shape or x_shape
-            )
+            self.cross_attention_layer = self._attention("cross_attention", x_shape, encoder_sequence_shape or x_shape)
             self.cross_attention_norm = self._norm("cross_attention", x_shape)
         self.feed_forward = self._feed_forward(x_shape)
         self.feed_forward_norm = self._norm("feed_forward", x_shape)
@@ -89,8 +87,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
             raise ValueError("`self_attention_cache_index` is required with `self_attention_cache`.")
         if self.cross_attention and encoder_sequence is None and cross_attention_cache is None:
             raise ValueError(
-                "This block has `cross_attention=True`: pass `encoder_sequence` "
-                "(or a `cross_attention_cache`)."
+                "This block has `cross_attention=True`: pass `encoder_sequence` (or a `cross_attention_cache`)."
             )
         if not self.cross_attention and encoder_sequence is not None:
             raise ValueError("This block has `cross_attention=False` but `encoder_sequence` was passed.")
@@ -110,9 +107,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
             )
             return result if decoding else (result, None)
 
-        x, self_attention_cache = self._residual(
-            x, self_attend, self.self_attention_norm, training
-        )
+        x, self_attention_cache = self._residual(x, self_attend, self.self_attention_norm, training)
 
         if self.cross_attention:
             if encoder_padding_mask is None and encoder_sequence is not None:
@@ -133,9 +128,7 @@ class TransformerDecoderBlock(TransformerBlockBase):
                 )
                 return result if cached else (result, None)
 
-            x, cross_attention_cache = self._residual(
-                x, cross_attend, self.cross_attention_norm, training
-            )
+            x, cross_attention_cache = self._residual(x, cross_attend, self.cross_attention_norm, training)
 
         x, _ = self._residual(
             x,

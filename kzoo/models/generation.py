@@ -111,9 +111,7 @@ def pack_prompts(prompts, max_length=None, max_new_tokens=None, limit=None, pad_
         max_length = longest + max_new_tokens
     max_length = max_length or limit
     if limit is not None and max_length > limit:
-        raise ValueError(
-            f"`max_length` ({max_length}) must be <= the model's maximum sequence length ({limit})."
-        )
+        raise ValueError(f"`max_length` ({max_length}) must be <= the model's maximum sequence length ({limit}).")
     if longest >= max_length:
         raise ValueError(
             f"The longest prompt has {longest} tokens, which leaves no room to generate: "
@@ -194,8 +192,14 @@ def generate(
         def decode(token_ids, prompt_mask, stop_token_ids, noise, *inputs):
             logits, cache, step = start(token_ids[:, :prefill], length, *inputs)
             return sampler.run(
-                step, token_ids, prompt_mask=prompt_mask, logits=logits, cache=cache, index=prefill,
-                stop_token_ids=stop_token_ids, noise=noise,
+                step,
+                token_ids,
+                prompt_mask=prompt_mask,
+                logits=logits,
+                cache=cache,
+                index=prefill,
+                stop_token_ids=stop_token_ids,
+                noise=noise,
             )
 
         functions[key] = compile_function(decode, jit_compile)

@@ -294,8 +294,12 @@ def load(cls, path, kwargs):
         model = backbone
     head_maps = head.tensors(model) if head is not None else []
     _load_weights(
-        family.backbone_tensors(backbone), head_maps if head_in_checkpoint else [], reader, family,
-        head if head_in_checkpoint else None, path,
+        family.backbone_tensors(backbone),
+        head_maps if head_in_checkpoint else [],
+        reader,
+        family,
+        head if head_in_checkpoint else None,
+        path,
     )
     if head_maps and not head_in_checkpoint:
         warnings.warn(
@@ -379,8 +383,11 @@ def save(path, tensors, config, tokenizer_files=None):
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     try:
-        save_file({name: np.ascontiguousarray(array) for name, array in tensors.items()}, str(staging / WEIGHTS_FILE),
-                  metadata={"format": "pt"})
+        save_file(
+            {name: np.ascontiguousarray(array) for name, array in tensors.items()},
+            str(staging / WEIGHTS_FILE),
+            metadata={"format": "pt"},
+        )
         (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         if tokenizer_files is not None:
             tokenizer_files(staging)

@@ -55,7 +55,8 @@ class BertTokenizer(keras_hub.models.BertTokenizer):
     longer than `max_word_length` characters become `[UNK]`, as in `tokenizers`.
 
     It always runs TensorFlow ops (tensorflow-text), eagerly (answering with NumPy arrays
-    and lists, as keras-hub's tokenizers do) or inside `tf.data` and a SavedModel. Special tokens written in the text ("[MASK]", "[SEP]", ...) are kept whole.
+    and lists, as keras-hub's tokenizers do) or inside `tf.data` and a SavedModel. Special
+    tokens written in the text ("[MASK]", "[SEP]", ...) are kept whole.
 
     Args:
         vocabulary: list of tokens or the path of a `vocab.txt` (one token per line).
@@ -71,8 +72,9 @@ class BertTokenizer(keras_hub.models.BertTokenizer):
     [5, 6]
     """
 
-    def __init__(self, vocabulary=None, lowercase=True, strip_accents=None, split_on_cjk=True, max_word_length=100,
-                 **kwargs):
+    def __init__(
+        self, vocabulary=None, lowercase=True, strip_accents=None, split_on_cjk=True, max_word_length=100, **kwargs
+    ):
         kwargs.pop("split", None)
         # The normalization is TensorFlow ops: no pure-Python path.
         kwargs["_allow_python_workflow"] = False

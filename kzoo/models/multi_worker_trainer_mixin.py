@@ -54,9 +54,11 @@ class MultiWorkerTrainerMixin:
             strategy = self._distribute_strategy
             for _, _, batches in iterator:
                 data_batch = tree.map_structure(
-                    lambda value: strategy.experimental_local_results(value)[0]
-                    if isinstance(value, tf.distribute.DistributedValues)
-                    else value,
+                    lambda value: (
+                        strategy.experimental_local_results(value)[0]
+                        if isinstance(value, tf.distribute.DistributedValues)
+                        else value
+                    ),
                     next(batches),
                 )
                 break

@@ -36,9 +36,7 @@ class Perplexity(keras.metrics.Metric):
         self.total_cross_entropy = self.add_variable(
             shape=(), initializer="zeros", dtype="float32", name="total_cross_entropy"
         )
-        self.total_weight = self.add_variable(
-            shape=(), initializer="zeros", dtype="float32", name="total_weight"
-        )
+        self.total_weight = self.add_variable(shape=(), initializer="zeros", dtype="float32", name="total_weight")
 
     def update_state(self, y_true, y_pred, sample_weight=None):
         mask = keras_mask(y_pred)
@@ -50,9 +48,7 @@ class Perplexity(keras.metrics.Metric):
             )
         if sample_weight is None:
             sample_weight = ops.ones_like(cross_entropy)
-        sample_weight = ops.broadcast_to(
-            ops.cast(sample_weight, "float32"), ops.shape(cross_entropy)
-        )
+        sample_weight = ops.broadcast_to(ops.cast(sample_weight, "float32"), ops.shape(cross_entropy))
         if mask is not None:
             sample_weight = sample_weight * ops.cast(mask, "float32")
         self.total_cross_entropy.assign_add(ops.sum(cross_entropy * sample_weight))

@@ -71,11 +71,7 @@ def list_presets(model=None):
     if isinstance(model, str):
         model = _registered_class(model)
     wanted = _buildable_class(model)
-    return sorted(
-        name
-        for name, entry in PRESETS.items()
-        if issubclass(_registered_class(entry["class_name"]), wanted)
-    )
+    return sorted(name for name, entry in PRESETS.items() if issubclass(_registered_class(entry["class_name"]), wanted))
 
 
 def from_preset(cls, preset, **kwargs):
@@ -134,8 +130,7 @@ def _from_keras_hub_directory(cls, directory, kwargs):
         class_name = json.load(file).get("class_name")
     if class_name != expected:
         raise ValueError(
-            f"{directory!r} holds a keras-hub {class_name}; {cls.__name__} "
-            f"imports a keras-hub {expected}."
+            f"{directory!r} holds a keras-hub {class_name}; {cls.__name__} imports a keras-hub {expected}."
         )
     import keras_hub  # Imported here: it is slow to import and only this path needs it.
 

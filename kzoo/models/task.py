@@ -5,8 +5,8 @@ from kzoo.models import hf_checkpoint
 from kzoo.models import presets
 from kzoo.models.backbone import add_quantization_config
 from kzoo.models.backbone import from_constructor_config
-from kzoo.models.generation import check_token_ids
 from kzoo.models.cross_entropy import TokenCrossEntropy
+from kzoo.models.generation import check_token_ids
 from kzoo.models.multi_worker_trainer_mixin import MultiWorkerTrainerMixin
 
 
@@ -192,7 +192,9 @@ class Task(MultiWorkerTrainerMixin, keras.Model):
                 continue
             value = np.asarray(value)
             if value.ndim == 0 or value.shape[0] == 0:
-                raise ValueError(f"`{name}` has no rows: {method} needs at least one example; received shape {value.shape}.")
+                raise ValueError(
+                    f"`{name}` has no rows: {method} needs at least one example; received shape {value.shape}."
+                )
             if vocabulary_size is not None:
                 check_token_ids(value, vocabulary_size, name)
 

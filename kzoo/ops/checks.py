@@ -33,13 +33,8 @@ def check_token_ids(token_ids, vocabulary_size, name="token_ids"):
     Example:
     >>> ids, valid = check_token_ids(keras.ops.array([1, 2]), 5)
     """
-    message = (
-        f"`{name}` must be in [0, {vocabulary_size}) "
-        f"(vocabulary_size={vocabulary_size})."
-    )
-    valid = ops.logical_and(
-        ops.greater_equal(token_ids, 0), ops.less(token_ids, vocabulary_size)
-    )
+    message = f"`{name}` must be in [0, {vocabulary_size}) (vocabulary_size={vocabulary_size})."
+    valid = ops.logical_and(ops.greater_equal(token_ids, 0), ops.less(token_ids, vocabulary_size))
     backend = keras.backend.backend()
     if backend == "tensorflow":
         import tensorflow as tf
@@ -61,14 +56,9 @@ def check_token_ids(token_ids, vocabulary_size, name="token_ids"):
                 if not all_valid:
                     raise ValueError(f"{message} Got min={low}, max={high}.")
 
-            jax.debug.callback(
-                raise_if_invalid, ops.all(valid), ops.min(token_ids), ops.max(token_ids)
-            )
+            jax.debug.callback(raise_if_invalid, ops.all(valid), ops.min(token_ids), ops.max(token_ids))
     elif not bool(ops.all(valid)):
-        raise ValueError(
-            f"{message} Got min={int(ops.min(token_ids))}, "
-            f"max={int(ops.max(token_ids))}."
-        )
+        raise ValueError(f"{message} Got min={int(ops.min(token_ids))}, max={int(ops.max(token_ids))}.")
     return token_ids, valid
 
 

@@ -33,8 +33,14 @@ def layer_norm(x, gamma, beta, *, epsilon=1e-3, training=False):
     Example:
     >>> layer_norm(keras.ops.array([[1.0, 3.0]]), keras.ops.ones(2), keras.ops.zeros(2))  # [[-1, 1]]
     """
-    return run_op(_layer_norm_reference, _layer_norm_forward, _layer_norm_vjp_op, (x, gamma, beta),
-                  dict(epsilon=epsilon), training)
+    return run_op(
+        _layer_norm_reference,
+        _layer_norm_forward,
+        _layer_norm_vjp_op,
+        (x, gamma, beta),
+        dict(epsilon=epsilon),
+        training,
+    )
 
 
 def residual_dropout_layer_norm(x, y, gamma, beta, *, epsilon=1e-3, rate=0.0, seed=None, training=False):
@@ -60,8 +66,14 @@ def residual_dropout_layer_norm(x, y, gamma, beta, *, epsilon=1e-3, rate=0.0, se
     (2, 4)
     """
     noise = training_noise(ops.shape(y), rate, seed, training)
-    return run_op(_residual_norm_reference, _residual_norm_forward, _residual_norm_vjp, (x, y, noise, gamma, beta),
-                  dict(rate=rate, epsilon=epsilon), training)
+    return run_op(
+        _residual_norm_reference,
+        _residual_norm_forward,
+        _residual_norm_vjp,
+        (x, y, noise, gamma, beta),
+        dict(rate=rate, epsilon=epsilon),
+        training,
+    )
 
 
 def residual_dropout(x, y, *, rate=0.0, seed=None, training=False):

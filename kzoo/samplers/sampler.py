@@ -83,9 +83,7 @@ class Sampler:
             logits, cache = step(token[:, None], cache, index)
             return token_ids, generated, done, logits, cache, index + 1
 
-        token_ids, generated, *_ = ops.while_loop(
-            cond, body, (token_ids, generated, done, logits, cache, index)
-        )
+        token_ids, generated, *_ = ops.while_loop(cond, body, (token_ids, generated, done, logits, cache, index))
         return token_ids, generated
 
     def get_config(self):

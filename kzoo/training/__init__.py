@@ -19,12 +19,12 @@ A recipe, unchanged from one CPU to a GPU box, a cluster or a TPU VM:
 - `shard_by_data(dataset)`: each worker keeps its part of every global batch.
 """
 
+from kzoo.models.multi_worker_trainer_mixin import MultiWorkerTrainerMixin
 from kzoo.training.backup_and_restore import BackupAndRestore
 from kzoo.training.backup_and_restore import is_chief
 from kzoo.training.callbacks import HISTORY_FILE
 from kzoo.training.callbacks import ResumedCSVLogger
 from kzoo.training.callbacks import callbacks
-from kzoo.models.multi_worker_trainer_mixin import MultiWorkerTrainerMixin
 from kzoo.training.sharding import shard_by_data
 from kzoo.training.strategy import STRATEGY_NAMES
 from kzoo.training.strategy import get_strategy

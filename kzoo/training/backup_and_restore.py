@@ -8,7 +8,6 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-
 _STREAM_NEEDED = (
     "kzoo.training.BackupAndRestore resumes mid-epoch by skipping the batches already trained on, "
     "in one stream: `model.fit(dataset.repeat(), steps_per_epoch=...)`. For a finite dataset "

@@ -60,7 +60,10 @@ def callbacks(
     result = [
         keras.callbacks.TerminateOnNaN(raise_error=True),
         BackupAndRestore(
-            os.path.join(output_dir, "backup"), save_freq=backup_freq, strategy=strategy, delete_checkpoint=not keep_backup
+            os.path.join(output_dir, "backup"),
+            save_freq=backup_freq,
+            strategy=strategy,
+            delete_checkpoint=not keep_backup,
         ),
     ]
     if checkpoint:

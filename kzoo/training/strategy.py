@@ -45,9 +45,7 @@ def get_strategy(name="auto"):
     tpu = _tpu_cluster_resolver()
     if name == "tpu":
         if tpu is None:
-            raise ValueError(
-                "Strategy 'tpu' found no TPU: set TPU_NAME to the TPU's name, or run on a Cloud TPU VM."
-            )
+            raise ValueError("Strategy 'tpu' found no TPU: set TPU_NAME to the TPU's name, or run on a Cloud TPU VM.")
         return _tpu_strategy(tpu)
     if tpu is not None:
         return _tpu_strategy(tpu)

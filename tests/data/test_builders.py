@@ -70,7 +70,10 @@ def test_a_changed_corpus_is_prepared_again_never_read_stale(tfds_dir, write_cor
     data_dir = tfds_dir / "changed"
 
     def text(split="train", source_dir=source):
-        return b"".join(example["text"] for example in load("kzoo_tiny_shakespeare", split, data_dir, source_dir=source_dir).as_numpy_iterator())
+        return b"".join(
+            example["text"]
+            for example in load("kzoo_tiny_shakespeare", split, data_dir, source_dir=source_dir).as_numpy_iterator()
+        )
 
     assert text() == ("ROMEO: a" * 10).encode()[:72]
     (source / "tinyshakespeare" / "input.txt").write_text("JULIET: b" * 10, encoding="utf-8")

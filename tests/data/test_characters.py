@@ -50,7 +50,10 @@ def test_unknown_id_detokenizes_as_the_substitute_character_and_saves(tmp_path):
 
 @pytest.mark.parametrize(
     "arguments, message",
-    [(dict(vocabulary_size=1), "`vocabulary_size` must be in"), (dict(vocabulary_size=128, unknown_id=128), "`unknown_id` must be in")],
+    [
+        (dict(vocabulary_size=1), "`vocabulary_size` must be in"),
+        (dict(vocabulary_size=128, unknown_id=128), "`unknown_id` must be in"),
+    ],
 )
 def test_bad_arguments(arguments, message):
     with pytest.raises(ValueError, match=message):

@@ -265,13 +265,18 @@ def test_masked_lm_selection_is_uniform_over_the_selectable_positions(seed):
     positions = np.concatenate(
         [
             x["mask_positions"].numpy()[weights.numpy() > 0]
-            for x, _, weights in masked_lm_batches(texts, character_tokenizer(), 32, 100, mask_selection_rate=0.25, seed=seed)
+            for x, _, weights in masked_lm_batches(
+                texts, character_tokenizer(), 32, 100, mask_selection_rate=0.25, seed=seed
+            )
         ]
     )
     frequency = np.bincount(positions, minlength=32) / 1000
     assert frequency[0] == frequency[31] == 0  # [CLS], [SEP]
     np.testing.assert_allclose(frequency[1:31], 8 / 30, atol=0.045)  # ceil(0.25 * 30) of 30; 1000 rows: sd 0.014
-    rows = [tuple(x["mask_positions"].numpy()[0]) for x, _, _ in masked_lm_batches(texts.take(500), character_tokenizer(), 32, 1, seed=seed)]
+    rows = [
+        tuple(x["mask_positions"].numpy()[0])
+        for x, _, _ in masked_lm_batches(texts.take(500), character_tokenizer(), 32, 1, seed=seed)
+    ]
     assert len(set(rows)) > 450  # identical rows, different selections
 
 
@@ -300,11 +305,17 @@ def test_packed_masked_lm_rows_run_the_texts_on_without_padding(copies):
     assert [token for row in rows for token in row[1:]] == stream[: 5 * row_count]
     assert selected > 0
     with pytest.raises(ValueError, match="start_token_id"):
-        masked_lm_batches(tf.data.Dataset.from_tensor_slices(texts), character_tokenizer(), 6, 2, pack=True, start_token_id=None)
+        masked_lm_batches(
+            tf.data.Dataset.from_tensor_slices(texts), character_tokenizer(), 6, 2, pack=True, start_token_id=None
+        )
     for pack, shortest in ((True, 2), (False, 3)):  # [CLS] + a token; [CLS] a token [SEP]
         with pytest.raises(ValueError, match=rf"`sequence_length` must be >= {shortest} .*received {shortest - 1}"):
-            masked_lm_batches(tf.data.Dataset.from_tensor_slices(texts), character_tokenizer(), shortest - 1, 2, pack=pack)
-        assert as_lists(masked_lm_batches(tf.data.Dataset.from_tensor_slices(texts), character_tokenizer(), shortest, 2, pack=pack))
+            masked_lm_batches(
+                tf.data.Dataset.from_tensor_slices(texts), character_tokenizer(), shortest - 1, 2, pack=pack
+            )
+        assert as_lists(
+            masked_lm_batches(tf.data.Dataset.from_tensor_slices(texts), character_tokenizer(), shortest, 2, pack=pack)
+        )
 
 
 @pytest.mark.parametrize("pipeline", ["masked_lm", "classification", "seq2seq", "conditional_lm"])

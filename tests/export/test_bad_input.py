@@ -65,7 +65,9 @@ def test_unknown_format(saved_model, tmp_path, capsys):
 
 
 def test_full_integer_int8_of_a_recurrent_model_is_refused(tmp_path):
-    with pytest.raises(export.ExportError, match="tflite_int8 \\(full integer\\) is not available for RNNLanguageModel"):
+    with pytest.raises(
+        export.ExportError, match="tflite_int8 \\(full integer\\) is not available for RNNLanguageModel"
+    ):
         export.export(build("rnn_lm"), tmp_path / "out", formats=["tflite_int8"])
 
 
@@ -101,7 +103,9 @@ def test_existing_output_is_kept_unless_overwrite(saved_model, tmp_path):
         export.export(saved_model, out, formats=["tflite_fp32"])
     assert leftovers(out) == ["keep.txt"]
 
-    export.export(saved_model, out, formats=["tflite_fp32"], overwrite=True, num_examples=2, latency_runs=1, generate_tokens=2)
+    export.export(
+        saved_model, out, formats=["tflite_fp32"], overwrite=True, num_examples=2, latency_runs=1, generate_tokens=2
+    )
     assert leftovers(out) == [export.REPORT_FILE, "model_fp32.tflite"]
     assert leftovers(tmp_path) == ["out"]
 

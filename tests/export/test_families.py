@@ -17,7 +17,14 @@ from tests.export.tiny_models import inputs
 
 LENGTHS = (1, 7, MAX_LENGTH)
 FAMILIES = (
-    "gpt", "bert_classifier", "bert_tagger", "bert_masked_lm", "seq2seq", "rnn_lm", "feed_forward_lm", "bilstm_classifier"
+    "gpt",
+    "bert_classifier",
+    "bert_tagger",
+    "bert_masked_lm",
+    "seq2seq",
+    "rnn_lm",
+    "feed_forward_lm",
+    "bilstm_classifier",
 )
 
 
@@ -32,8 +39,13 @@ def exported(tmp_path_factory):
             folder = tmp_path_factory.mktemp(family)
             build(family).save(folder / "model.keras")
             report = export.export(
-                folder / "model.keras", folder / "export", formats=["savedmodel", "tflite_fp32"],
-                max_length=MAX_LENGTH, num_examples=4, generate_tokens=MAX_LENGTH, latency_runs=1,
+                folder / "model.keras",
+                folder / "export",
+                formats=["savedmodel", "tflite_fp32"],
+                max_length=MAX_LENGTH,
+                num_examples=4,
+                generate_tokens=MAX_LENGTH,
+                latency_runs=1,
                 compare_model_export=family == "gpt",
             )
             exports[family] = folder, report
@@ -64,7 +76,9 @@ def test_savedmodel_and_tflite_match_keras(family, exported):
         expected = keras_logits(model, names, arrays)
         saved = serving(**{name: tf.constant(value) for name, value in arrays.items()})["logits"].numpy()
         np.testing.assert_allclose(saved, expected, atol=1e-4, err_msg=f"SavedModel, length {length}")
-        np.testing.assert_allclose(lite.run(**arrays)["logits"], expected, atol=1e-4, err_msg=f"TFLite, length {length}")
+        np.testing.assert_allclose(
+            lite.run(**arrays)["logits"], expected, atol=1e-4, err_msg=f"TFLite, length {length}"
+        )
 
 
 def test_tagger_tags_are_the_argmax(exported):
@@ -118,7 +132,9 @@ def keras_greedy_seq2seq(model, source, prompt, max_length):
     )
     tokens = list(prompt)
     while len(tokens) < max_length:
-        tokens.append(int(forward(np.asarray([source], np.int32), np.asarray([tokens], np.int32))[0, -1].numpy().argmax()))
+        tokens.append(
+            int(forward(np.asarray([source], np.int32), np.asarray([tokens], np.int32))[0, -1].numpy().argmax())
+        )
     return tokens
 
 
@@ -142,7 +158,9 @@ def test_seq2seq_generation_equals_keras(exported):
     decoder_token_ids[:, 0] = bos
     generate = tf.saved_model.load(str(out / "savedmodel")).signatures["generate"]
     outputs = generate(
-        encoder_token_ids=encoder_token_ids, decoder_token_ids=decoder_token_ids, stop_token_ids=tf.constant([], tf.int32)
+        encoder_token_ids=encoder_token_ids,
+        decoder_token_ids=decoder_token_ids,
+        stop_token_ids=tf.constant([], tf.int32),
     )
     assert outputs["token_ids"].numpy().tolist() == expected
 

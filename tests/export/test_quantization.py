@@ -24,8 +24,12 @@ def assert_small_and_bounded(report, quantized):
 
 def test_dynamic_int8_gpt_is_small_and_close(tmp_path):
     report = export.export(
-        build("gpt", **WEIGHTS_DOMINANT), tmp_path / "out", formats=["tflite_fp32", "tflite_int8_dynamic"],
-        num_examples=4, latency_runs=1, generate_tokens=4,
+        build("gpt", **WEIGHTS_DOMINANT),
+        tmp_path / "out",
+        formats=["tflite_fp32", "tflite_int8_dynamic"],
+        num_examples=4,
+        latency_runs=1,
+        generate_tokens=4,
     )
     assert_small_and_bounded(report, ["tflite_int8_dynamic"])
     # Quantized files generate too; their agreement with Keras is reported, not required.
@@ -35,8 +39,12 @@ def test_dynamic_int8_gpt_is_small_and_close(tmp_path):
 
 def test_fp16_and_full_integer_int8_bert(tmp_path):
     report = export.export(
-        build("bert_classifier", **WEIGHTS_DOMINANT), tmp_path / "out",
-        formats=["tflite_fp32", "tflite_fp16", "tflite_int8"], num_examples=4, num_representative=8, latency_runs=1,
+        build("bert_classifier", **WEIGHTS_DOMINANT),
+        tmp_path / "out",
+        formats=["tflite_fp32", "tflite_fp16", "tflite_int8"],
+        num_examples=4,
+        num_representative=8,
+        latency_runs=1,
     )
     assert_small_and_bounded(report, ["tflite_int8"])
     activations = report["artifacts"]["tflite_int8"]["activation_types"]
@@ -49,16 +57,24 @@ def test_fp16_and_full_integer_int8_bert(tmp_path):
 def test_a_quality_loss_beyond_the_bound_fails_and_writes_nothing(tmp_path):
     with pytest.raises(export.ExportError, match="tflite_int8_dynamic: the held-out cross-entropy rises"):
         export.export(
-            build("bert_classifier"), tmp_path / "out", formats=["tflite_fp32", "tflite_int8_dynamic"],
-            quality_bounds={"tflite_int8_dynamic": -1.0}, num_examples=2, latency_runs=1,
+            build("bert_classifier"),
+            tmp_path / "out",
+            formats=["tflite_fp32", "tflite_int8_dynamic"],
+            quality_bounds={"tflite_int8_dynamic": -1.0},
+            num_examples=2,
+            latency_runs=1,
         )
     assert list(tmp_path.iterdir()) == []
 
 
 def test_a_float32_difference_beyond_the_tolerance_fails_and_writes_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(export.verification, "FP32_TOLERANCE", -1.0)
-    with pytest.raises(export.ExportError, match="tflite_fp32: max \\|logit difference\\| from Keras is .* at length 1"):
-        export.export(build("bert_classifier"), tmp_path / "out", formats=["tflite_fp32"], num_examples=2, latency_runs=1)
+    with pytest.raises(
+        export.ExportError, match="tflite_fp32: max \\|logit difference\\| from Keras is .* at length 1"
+    ):
+        export.export(
+            build("bert_classifier"), tmp_path / "out", formats=["tflite_fp32"], num_examples=2, latency_runs=1
+        )
     assert list(tmp_path.iterdir()) == []
 
 
@@ -66,7 +82,11 @@ def test_full_integer_int8_feed_forward_lm(tmp_path):
     # Unlike the recurrent models, the feed-forward LM has no WHILE loop to stop the calibrator.
     model = redraw(models.FeedForwardLanguageModel(4000, window_size=3, embedding_dim=64, hidden_dim=128))
     report = export.export(
-        model, tmp_path / "out", formats=["tflite_fp32", "tflite_int8"], num_examples=4, num_representative=8,
+        model,
+        tmp_path / "out",
+        formats=["tflite_fp32", "tflite_int8"],
+        num_examples=4,
+        num_representative=8,
         latency_runs=1,
     )
     int8 = report["artifacts"]["tflite_int8"]

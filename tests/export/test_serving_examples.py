@@ -33,7 +33,10 @@ print("imported:", sorted(name for name in ("tensorflow", "keras", "kzoo") if na
 def run_script(name, *args):
     result = subprocess.run(
         [sys.executable, "-c", _RUN_SCRIPT, str(REPOSITORY / "export" / name), *map(str, args)],
-        capture_output=True, text=True, cwd=REPOSITORY, timeout=300,
+        capture_output=True,
+        text=True,
+        cwd=REPOSITORY,
+        timeout=300,
         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
     )
     assert result.returncode == 0, result.stderr
@@ -51,14 +54,20 @@ def exported(tmp_path_factory):
     for family in ("gpt", "bert_classifier"):
         build(family).save(folder / f"{family}.keras")
         export.export(
-            folder / f"{family}.keras", folder / family, formats=["savedmodel", "tflite_fp32"],
-            num_examples=2, latency_runs=1, generate_tokens=4,
+            folder / f"{family}.keras",
+            folder / family,
+            formats=["savedmodel", "tflite_fp32"],
+            num_examples=2,
+            latency_runs=1,
+            generate_tokens=4,
         )
     return folder
 
 
 def test_serve_tflite_generates_and_classifies_without_tensorflow(exported):
-    output = run_script("serve_tflite.py", exported / "gpt" / "model_fp32.tflite", "--token-ids", "5,6,7", "--max-length", 12)
+    output = run_script(
+        "serve_tflite.py", exported / "gpt" / "model_fp32.tflite", "--token-ids", "5,6,7", "--max-length", 12
+    )
     gpt = keras.saving.load_model(exported / "gpt.keras")
     assert printed(output, "generated") == gpt.generate([[5, 6, 7]], max_length=12, jit_compile=False)[0]
     assert printed(output, "imported") == []
@@ -73,7 +82,9 @@ def test_serve_tflite_generates_and_classifies_without_tensorflow(exported):
 
 
 def test_serve_savedmodel_without_kzoo(exported):
-    output = run_script("serve_savedmodel.py", exported / "gpt" / "savedmodel", "--token-ids", "5,6,7", "--max-length", 12)
+    output = run_script(
+        "serve_savedmodel.py", exported / "gpt" / "savedmodel", "--token-ids", "5,6,7", "--max-length", 12
+    )
     gpt = keras.saving.load_model(exported / "gpt.keras")
     assert printed(output, "signatures") == ["generate", "serving_default"]
     assert printed(output, "generated") == gpt.generate([[5, 6, 7]], max_length=12, jit_compile=False)[0]
@@ -88,7 +99,9 @@ def test_serve_savedmodel_takes_raw_text_when_exported_with_a_tokenizer(tmp_path
     data.save_tokenizer(tokenizer, tmp_path)
     export.export(tmp_path / "model.keras", tmp_path / "export", formats=["savedmodel"], num_examples=2, latency_runs=1)
 
-    output = run_script("serve_savedmodel.py", tmp_path / "export" / "savedmodel", "--text", "ROMEO:", "--max-new-tokens", 5)
+    output = run_script(
+        "serve_savedmodel.py", tmp_path / "export" / "savedmodel", "--text", "ROMEO:", "--max-new-tokens", 5
+    )
     expected = model.generate([np.asarray(tokenizer("ROMEO:")).tolist()], max_new_tokens=5, jit_compile=False)[0]
     assert re.search(r"^generated text: (.*)$", output, re.MULTILINE).group(1) == repr(tokenizer.detokenize(expected))
     assert "kzoo" not in printed(output, "imported")

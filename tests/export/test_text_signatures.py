@@ -39,8 +39,12 @@ def exported(tmp_path_factory):
             model.save(folder / "model.keras")
             data.save_tokenizer(tokenizer, folder)
             export.export(
-                folder / "model.keras", folder / "export", formats=["savedmodel"], num_examples=2,
-                generate_tokens=6, latency_runs=1,
+                folder / "model.keras",
+                folder / "export",
+                formats=["savedmodel"],
+                num_examples=2,
+                generate_tokens=6,
+                latency_runs=1,
             )
             exports[family] = folder
         return folder / "export", keras.saving.load_model(folder / "model.keras"), data.load_tokenizer(folder)
@@ -58,7 +62,9 @@ def test_gpt_generate_text_continues_each_prompt_as_keras_does(exported):
     out, model, tokenizer = exported("gpt")
     generate_text = text_signature(out, "generate_text")
     prompts = ["ROMEO:", "To be, or"]  # ragged: 6 and 9 characters
-    result = generate_text(text=tf.constant(prompts), max_new_tokens=tf.constant(5), stop_token_ids=tf.constant([], tf.int32))
+    result = generate_text(
+        text=tf.constant(prompts), max_new_tokens=tf.constant(5), stop_token_ids=tf.constant([], tf.int32)
+    )
 
     ids = [np.asarray(tokenizer(prompt)).tolist() for prompt in prompts]
     expected = model.generate(ids, max_length=9 + 5, jit_compile=False)  # the longest prompt + 5
@@ -117,5 +123,7 @@ def test_the_report_records_the_verified_text_signature(exported):
 
 def test_no_tokenizer_no_text_signature(tmp_path):
     build("bert_classifier").save(tmp_path / "model.keras")
-    report = export.export(tmp_path / "model.keras", tmp_path / "export", formats=["savedmodel"], num_examples=2, latency_runs=1)
+    report = export.export(
+        tmp_path / "model.keras", tmp_path / "export", formats=["savedmodel"], num_examples=2, latency_runs=1
+    )
     assert report["artifacts"]["savedmodel"]["signatures"] == ["serving_default"]

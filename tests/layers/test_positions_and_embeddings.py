@@ -58,7 +58,9 @@ def test_rotary_matches_keras_hub_and_depends_on_relative_position_only():
         rope(np.zeros((1, 2, 3), "float32"))
 
 
-@pytest.mark.parametrize("position, merge, width", [("learned", "add", 8), ("sinusoidal", "concat", 16), ("none", "add", 8)])
+@pytest.mark.parametrize(
+    "position, merge, width", [("learned", "add", 8), ("sinusoidal", "concat", 16), ("none", "add", 8)]
+)
 def test_token_and_position_embedding_merges(position, merge, width):
     layer = TokenAndPositionEmbedding(30, 12, 8, position=position, merge=merge, scale_embeddings=True)
     ids = np.array([[4, 9, 1]])

@@ -92,9 +92,7 @@ def test_single_query_path_matches_formula(dtype, atol):
     mask = np.ones((2, 1, 1, 6), bool)
     mask[0, ..., 4:] = False
     mask[1] = False  # a row with no key
-    out, weights = scaled_dot_product_attention(
-        *(ops.cast(t, dtype) for t in (q, k, v)), mask=mask, return_scores=True
-    )
+    out, weights = scaled_dot_product_attention(*(ops.cast(t, dtype) for t in (q, k, v)), mask=mask, return_scores=True)
     assert out.shape == (2, 3, 1, 5) and weights.shape == (2, 3, 1, 6)
     assert ops.convert_to_numpy(ops.cast(out, "float32")).dtype == np.float32
     want, want_weights = reference_attention(q[:1], k[:1], v[:1], mask[:1])

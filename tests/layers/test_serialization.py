@@ -38,7 +38,9 @@ def build_model():
     token_ids = keras.Input((None,), dtype="int32", name="token_ids")
     source_ids = keras.Input((None,), dtype="int32", name="source_ids")
     x = layers.TokenAndPositionEmbedding(50, 16, 32, mask_zero=True)(token_ids)
-    source = layers.TokenAndPositionEmbedding(50, 16, 16, position="sinusoidal", merge="concat", scale_embeddings=True)(source_ids)
+    source = layers.TokenAndPositionEmbedding(50, 16, 16, position="sinusoidal", merge="concat", scale_embeddings=True)(
+        source_ids
+    )
     source = source + layers.SinusoidalPositionEncoding()(source)
     source = layers.TransformerEncoderBlock(4, 64, activation="gelu")(source)
     x = layers.TransformerDecoderBlock(4, 64, norm_first=True)(x, source)

@@ -116,7 +116,9 @@ def test_bad_block_configuration_and_calls():
 
 def test_blocks_in_sequential_functional_and_subclassed_models():
     x = random(2, 5, 16)
-    sequential = keras.Sequential([keras.Input((5, 16)), TransformerEncoderBlock(4, 32), TransformerDecoderBlock(4, 32, cross_attention=False)])
+    sequential = keras.Sequential(
+        [keras.Input((5, 16)), TransformerEncoderBlock(4, 32), TransformerDecoderBlock(4, 32, cross_attention=False)]
+    )
     assert sequential(x).shape == (2, 5, 16)
 
     src, tgt = keras.Input((None, 16)), keras.Input((None, 16))
@@ -159,7 +161,10 @@ def test_every_sublayer_starts_from_its_own_random_weights():
         ops.convert_to_numpy(layer.kernel).ravel()[:32]
         for attention in (block.self_attention, block.cross_attention_layer)
         for layer in (attention.query_dense, attention.key_dense, attention.value_dense, attention.output_dense)
-    ] + [ops.convert_to_numpy(d.kernel).ravel()[:32] for d in (block.feed_forward.intermediate_dense, block.feed_forward.output_dense)]
+    ] + [
+        ops.convert_to_numpy(d.kernel).ravel()[:32]
+        for d in (block.feed_forward.intermediate_dense, block.feed_forward.output_dense)
+    ]
     for i in range(len(kernels)):
         for j in range(i):
             assert not np.allclose(kernels[i], kernels[j]), (i, j)

@@ -55,4 +55,3 @@ def assert_reload_in_fresh_process(directory, models):
         loaded = np.load(directory / f"{name}_loaded.npz")
         for key, expected in _as_dict(model(inputs), "outputs").items():
             np.testing.assert_array_equal(loaded[key], keras.ops.convert_to_numpy(expected), err_msg=f"{name}: {key}")
-

@@ -79,7 +79,9 @@ def test_masked_lm_logits_are_tied_to_the_token_table_with_a_bias():
     backbone_count = model.backbone.count_params()
     hidden = TINY_CONFIG["hidden_dim"]
     # transform dense + LayerNorm + output bias; the output matrix is the table.
-    assert model.count_params() == backbone_count + hidden * hidden + hidden + 2 * hidden + TINY_CONFIG["vocabulary_size"]
+    assert (
+        model.count_params() == backbone_count + hidden * hidden + hidden + 2 * hidden + TINY_CONFIG["vocabulary_size"]
+    )
 
 
 @pytest.mark.parametrize(

@@ -46,7 +46,9 @@ def test_cached_steps_match_the_full_pass():
     full = np.asarray(lm(_lm_inputs(ids)))
 
     cache = lm.empty_cache(batch_size=3, max_length=12)
-    assert [tuple(c.shape) for layer in cache for c in layer] == [(3, 2, 12, 8)] * 4  # per layer k, v: (B, heads, S, head_dim)
+    assert [tuple(c.shape) for layer in cache for c in layer] == [
+        (3, 2, 12, 8)
+    ] * 4  # per layer k, v: (B, heads, S, head_dim)
     logits, hidden, cache = lm.call_with_cache(ids[:, :5], cache, cache_index=0)  # prefill
     steps = [logits]
     # The decoding step as `generate` will run it: a graph with a tensor index.

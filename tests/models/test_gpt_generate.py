@@ -97,7 +97,10 @@ def test_the_decode_loop_is_traced_once_per_shape(lm):
         (dict(prompts=[[]]), r"prompt 0 of `prompts` is empty"),
         (dict(prompts=[]), r"`prompts` is empty"),
         (dict(prompts=[list(range(1, 17))]), r"`max_length` \(16\) must be > 16"),
-        (dict(prompts=[[1]], max_length=17), r"`max_length` \(17\) must be <= the model's maximum sequence length \(16\)"),
+        (
+            dict(prompts=[[1]], max_length=17),
+            r"`max_length` \(17\) must be <= the model's maximum sequence length \(16\)",
+        ),
         (dict(prompts=[[1]], max_new_tokens=16), r"`max_length` \(17\) must be <= "),
         (dict(prompts=[[1]], sampler="nucleus"), r"`sampler` must be one of"),
         (dict(prompts=[[1]], sampler="top_p", max_length=4, max_new_tokens=2), r"not both"),

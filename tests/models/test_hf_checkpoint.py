@@ -18,7 +18,6 @@ from safetensors import safe_open
 import kzoo
 from kzoo.models import hf_checkpoint
 from kzoo.models.hf_checkpoint import CheckpointError
-
 from tests.models import hf_folders
 
 TOLERANCE = 1e-5
@@ -213,8 +212,14 @@ def test_the_name_maps_cover_every_tensor_and_every_weight(
 
 def bert_backbone(**kwargs):
     return kzoo.models.BertBackbone(
-        vocabulary_size=len(hf_folders.VOCABULARY), num_layers=2, num_heads=4, hidden_dim=32,
-        intermediate_dim=48, max_sequence_length=40, activation="gelu", **kwargs,
+        vocabulary_size=len(hf_folders.VOCABULARY),
+        num_layers=2,
+        num_heads=4,
+        hidden_dim=32,
+        intermediate_dim=48,
+        max_sequence_length=40,
+        activation="gelu",
+        **kwargs,
     )
 
 

@@ -8,7 +8,9 @@ import pytest
 
 from kzoo import models
 
-HUB_CONFIG = dict(vocabulary_size=97, num_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=32, max_sequence_length=24)
+HUB_CONFIG = dict(
+    vocabulary_size=97, num_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=32, max_sequence_length=24
+)
 
 
 @pytest.fixture(scope="module")
@@ -73,18 +75,24 @@ def test_missing_directory(tmp_path):
 
 def test_directory_without_weights_lists_what_it_found(hub_presets, tmp_path):
     shutil.copy(f"{hub_presets['bert'][1]}/config.json", tmp_path)
-    with pytest.raises(ValueError, match=r"expected 'config.json' and one of .*model.weights.h5.*found \['config.json'\]"):
+    with pytest.raises(
+        ValueError, match=r"expected 'config.json' and one of .*model.weights.h5.*found \['config.json'\]"
+    ):
         models.BertBackbone.from_preset(str(tmp_path))
 
 
 def test_other_architecture_is_refused(hub_presets):
-    with pytest.raises(ValueError, match="holds a keras-hub GPT2Backbone; BertBackbone imports a keras-hub BertBackbone"):
+    with pytest.raises(
+        ValueError, match="holds a keras-hub GPT2Backbone; BertBackbone imports a keras-hub BertBackbone"
+    ):
         models.BertBackbone.from_preset(hub_presets["gpt2"][1])
     with pytest.raises(ValueError, match="holds a keras-hub BertBackbone"):
         models.GPTCausalLM.from_preset(hub_presets["bert"][1])
 
 
 def test_shape_mismatch_names_the_layers(hub_presets):
-    with pytest.raises(ValueError, match=r"Cannot copy the keras-hub weights of .* expected shapes \[\(97, 32\)\], found \[\(97, 16\)\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"Cannot copy the keras-hub weights of .* expected shapes \[\(97, 32\)\], found \[\(97, 16\)\]",
+    ):
         models.GPTBackbone.from_preset(hub_presets["gpt2"][1], hidden_dim=32)
-

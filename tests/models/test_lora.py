@@ -31,7 +31,9 @@ def test_lora_trains_only_its_weights_reaches_each_and_changes_the_logits(name, 
     model(x)
     adapted = model.backbone.enable_lora(2)
     # The query and value projections of every attention (seq2seq: encoder, decoder and cross-attention).
-    attentions = [layer for layer in model.backbone._flatten_layers() if isinstance(layer, kzoo.layers.MultiHeadAttention)]
+    attentions = [
+        layer for layer in model.backbone._flatten_layers() if isinstance(layer, kzoo.layers.MultiHeadAttention)
+    ]
     assert sorted({layer.name for layer in adapted}) == ["query", "value"]
     assert len(adapted) == 2 * len(attentions) and attentions
     lora = [w for w in model.trainable_weights if _is_lora(w.path)]
@@ -64,8 +66,9 @@ def test_lora_trains_only_its_weights_reaches_each_and_changes_the_logits(name, 
 
 
 def test_enable_lora_names_what_it_could_not_find():
-    backbone = models.GPTBackbone(vocabulary_size=10, num_layers=1, num_heads=1, hidden_dim=4, intermediate_dim=8,
-                                  max_sequence_length=4)
+    backbone = models.GPTBackbone(
+        vocabulary_size=10, num_layers=1, num_heads=1, hidden_dim=4, intermediate_dim=8, max_sequence_length=4
+    )
     with pytest.raises(ValueError, match="target_layer_names"):
         backbone.enable_lora(2, target_layer_names=["nothing"])
     with pytest.raises(ValueError, match="`rank` must be a positive integer"):

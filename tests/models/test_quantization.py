@@ -68,8 +68,9 @@ def _case(name):
         data = (ids, targets, ones)
         model = models.FeedForwardLanguageModel(window_size=4, **recurrent)
     elif name == "Seq2SeqTransformer":  # copy the text one step late
-        backbone = models.Seq2SeqBackbone(vocabulary_size=vocabulary, num_encoder_layers=1, num_decoder_layers=1,
-                                          max_sequence_length=LENGTH, **TINY)
+        backbone = models.Seq2SeqBackbone(
+            vocabulary_size=vocabulary, num_encoder_layers=1, num_decoder_layers=1, max_sequence_length=LENGTH, **TINY
+        )
         model = models.Seq2SeqTransformer(backbone)
         data = ({"encoder_token_ids": targets, "decoder_token_ids": ids}, targets, ones)
     elif name == "BertMaskedLM":
@@ -111,8 +112,17 @@ def _case(name):
 DEFAULT_TASKS = ["GPTCausalLM", "BertClassifier", "Seq2SeqTransformer", "BiLSTMTagger"]
 TASKS = [
     name if name in DEFAULT_TASKS else pytest.param(name, marks=pytest.mark.slow)
-    for name in ["GPTCausalLM", "BertMaskedLM", "BertClassifier", "BertTokenClassifier", "Seq2SeqTransformer",
-                 "RNNLanguageModel", "FeedForwardLanguageModel", "BiLSTMClassifier", "BiLSTMTagger"]
+    for name in [
+        "GPTCausalLM",
+        "BertMaskedLM",
+        "BertClassifier",
+        "BertTokenClassifier",
+        "Seq2SeqTransformer",
+        "RNNLanguageModel",
+        "FeedForwardLanguageModel",
+        "BiLSTMClassifier",
+        "BiLSTMTagger",
+    ]
 ]
 
 
@@ -136,5 +146,6 @@ def test_int8_quantization_stays_close_to_float32_and_reloads(name, tmp_path):
     model.save(tmp_path / "quantized.keras")
     reloaded = keras.saving.load_model(tmp_path / "quantized.keras")
     assert any(layer.quantization_mode == "int8" for layer in reloaded._flatten_layers())
-    np.testing.assert_array_equal(reloaded.predict(x_test, batch_size=64, verbose=0),
-                                  model.predict(x_test, batch_size=64, verbose=0))
+    np.testing.assert_array_equal(
+        reloaded.predict(x_test, batch_size=64, verbose=0), model.predict(x_test, batch_size=64, verbose=0)
+    )

@@ -19,9 +19,18 @@ NAMES = sorted(name[: -len(".keras")] for name in os.listdir(DIRECTORY) if name.
 
 
 def test_every_model_class_has_a_saved_file():
-    assert {"gpt_causal_lm", "bert_masked_lm", "bert_classifier", "bert_token_classifier", "seq2seq_transformer",
-            "bilstm_classifier", "bilstm_tagger", "rnn_language_model", "feed_forward_language_model",
-            "layers"} <= set(NAMES)
+    assert {
+        "gpt_causal_lm",
+        "bert_masked_lm",
+        "bert_classifier",
+        "bert_token_classifier",
+        "seq2seq_transformer",
+        "bilstm_classifier",
+        "bilstm_tagger",
+        "rnn_language_model",
+        "feed_forward_language_model",
+        "layers",
+    } <= set(NAMES)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -32,7 +41,7 @@ def test_an_old_file_loads_with_its_outputs_and_optimizer_state(name):
         model = keras.saving.load_model(os.path.join(DIRECTORY, f"{name}.keras"))
     # Keras warns, and loads nothing, for a layer whose stored variables do not match.
     assert not [str(w.message) for w in caught if "load" in str(w.message)]
-    inputs = {key[len("input/"):]: saved[key] for key in saved.files if key.startswith("input/")}
+    inputs = {key[len("input/") :]: saved[key] for key in saved.files if key.startswith("input/")}
     outputs = model(inputs["inputs"] if list(inputs) == ["inputs"] else inputs)
     np.testing.assert_allclose(keras.ops.convert_to_numpy(outputs), saved["output"], rtol=1e-6, atol=1e-6)
     # Each optimizer slot comes back to the variable it belongs to (slots load by position).

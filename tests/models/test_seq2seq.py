@@ -230,7 +230,9 @@ def test_cached_decoding_matches_teacher_forcing(tie_embeddings):
     @tf.function
     def step(token_ids, self_cache, cache_index, cross_cache):
         # encoder_output=None: from here on only the cross-attention cache is read.
-        return model.call_decoder_with_cache(None, encoder_padding_mask, token_ids, self_cache, cache_index, cross_cache)
+        return model.call_decoder_with_cache(
+            None, encoder_padding_mask, token_ids, self_cache, cache_index, cross_cache
+        )
 
     for t in range(prefill, length):
         logits, _, self_cache, cross_cache = step(target[:, t : t + 1], self_cache, tf.constant(t), cross_cache)

@@ -14,8 +14,14 @@ START = 1
 def model():
     keras.utils.set_random_seed(3)
     backbone = models.Seq2SeqBackbone(
-        vocabulary_size=30, num_encoder_layers=1, num_decoder_layers=2, num_heads=2,
-        hidden_dim=16, intermediate_dim=32, max_sequence_length=12, dropout=0.0,
+        vocabulary_size=30,
+        num_encoder_layers=1,
+        num_decoder_layers=2,
+        num_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+        max_sequence_length=12,
+        dropout=0.0,
     )
     seq2seq = models.Seq2SeqTransformer(backbone)
     seq2seq.set_weights([w * 3 for w in seq2seq.get_weights()])  # no argmax ties

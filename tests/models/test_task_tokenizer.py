@@ -18,7 +18,6 @@ import kzoo
 import kzoo.data
 from kzoo.models import hf_tokenizer
 from kzoo.models import text_inputs
-
 from tests.models import hf_folders
 
 # Real sentences: accents, punctuation, emoji (with joiners and variation selectors), CJK,
@@ -117,7 +116,11 @@ def test_byte_level_bpe_gives_the_ids_of_hf_tokenizers(gpt2_folder):
 
 def tiny_bert(vocabulary_size):
     return kzoo.models.BertBackbone(
-        vocabulary_size=vocabulary_size, num_layers=1, num_heads=2, hidden_dim=16, intermediate_dim=32,
+        vocabulary_size=vocabulary_size,
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
         max_sequence_length=32,
     )
 
@@ -125,8 +128,9 @@ def tiny_bert(vocabulary_size):
 def run_fresh(script, *args):
     """Runs `script` in a new interpreter that imports only keras and kzoo."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    result = subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True, text=True, env=env,
-                            timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-c", script, *map(str, args)], capture_output=True, text=True, env=env, timeout=600
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 

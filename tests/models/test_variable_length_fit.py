@@ -87,9 +87,7 @@ def _model(name):
 
 def _unknown_lengths(structure):
     """The `tf.TensorSpec` of a batch structure with every axis but the batch unknown."""
-    return tf.nest.map_structure(
-        lambda a: tf.TensorSpec((None,) * a.ndim, tf.as_dtype(a.dtype)), structure
-    )
+    return tf.nest.map_structure(lambda a: tf.TensorSpec((None,) * a.ndim, tf.as_dtype(a.dtype)), structure)
 
 
 # The [CLS] pooler only serves sentence-level heads.

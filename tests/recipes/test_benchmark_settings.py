@@ -8,8 +8,10 @@ from benchmarks import input_pipeline
 
 
 def test_the_benchmark_uses_the_recipes_default_settings():
-    for settings, defaults in ((input_pipeline.GPT_LM, _language_models.DEFAULTS),
-                               (input_pipeline.BERT_PRETRAIN, bert_pretrain.DEFAULTS)):
+    for settings, defaults in (
+        (input_pipeline.GPT_LM, _language_models.DEFAULTS),
+        (input_pipeline.BERT_PRETRAIN, bert_pretrain.DEFAULTS),
+    ):
         shared = {key: value for key, value in settings.items() if key in defaults}
         assert shared == {key: defaults[key] for key in shared}
         assert set(settings) - set(shared) <= {"seed", "dataset"}

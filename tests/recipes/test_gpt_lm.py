@@ -15,7 +15,15 @@ from tests.recipes.conftest import check_run_files
 def test_main_job_runs_as_a_script_and_its_files_are_all_generate_needs(tmp_path, tfds_dir):
     """The README main job, `python recipes/gpt_lm.py --quick`, in a fresh process."""
     output_dir = tmp_path / "run"
-    command = [sys.executable, str(RECIPES / "gpt_lm.py"), "--quick", "--output-dir", str(output_dir), "--tfds-dir", str(tfds_dir)]
+    command = [
+        sys.executable,
+        str(RECIPES / "gpt_lm.py"),
+        "--quick",
+        "--output-dir",
+        str(output_dir),
+        "--tfds-dir",
+        str(tfds_dir),
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "validation_perplexity" in result.stdout
@@ -67,9 +75,22 @@ def test_readme_main_job_chain_ends_streaming_from_the_litertlm_bundle(tmp_path,
     repository, run = RECIPES.parent, tmp_path / "run"
     steps = [
         [str(RECIPES / "gpt_lm.py"), "--quick", "--output-dir", str(run), "--tfds-dir", str(tfds_dir)],
-        [str(repository / "export" / "export.py"), str(run / "model.keras"), "--out", str(run / "export"), "--overwrite"],
-        [str(repository / "export" / "serve_litertlm.py"), str(run / "export" / "model.litertlm"), "--prompt", "ROMEO:",
-         "--max-new-tokens", "20", "--greedy"],
+        [
+            str(repository / "export" / "export.py"),
+            str(run / "model.keras"),
+            "--out",
+            str(run / "export"),
+            "--overwrite",
+        ],
+        [
+            str(repository / "export" / "serve_litertlm.py"),
+            str(run / "export" / "model.litertlm"),
+            "--prompt",
+            "ROMEO:",
+            "--max-new-tokens",
+            "20",
+            "--greedy",
+        ],
     ]
     for command in steps:
         result = subprocess.run([sys.executable, *command], capture_output=True, text=True, timeout=900, cwd=tmp_path)
@@ -79,5 +100,7 @@ def test_readme_main_job_chain_ends_streaming_from_the_litertlm_bundle(tmp_path,
     lm = keras.saving.load_model(run / "model.keras", compile=False)
     tokenizer = lm.tokenizer
     ids = [int(i) for i in tokenizer("ROMEO:")]
-    expected = tokenizer.detokenize(lm.generate([ids], max_length=len(ids) + 20, stop_token_ids=[0], jit_compile=False)[0])
+    expected = tokenizer.detokenize(
+        lm.generate([ids], max_length=len(ids) + 20, stop_token_ids=[0], jit_compile=False)[0]
+    )
     assert result.stdout == expected + "\n"

@@ -32,7 +32,16 @@ def start(output_dir, tfds_dir, log, *flags):
         TF_CPP_MIN_LOG_LEVEL="2",
         PYTHONPATH=os.pathsep.join(filter(None, [str(REPOSITORY), os.environ.get("PYTHONPATH")])),
     )
-    command = [sys.executable, str(SCRIPT), "gpt_lm", *FLAGS, "--output-dir", str(output_dir), "--tfds-dir", str(tfds_dir)]
+    command = [
+        sys.executable,
+        str(SCRIPT),
+        "gpt_lm",
+        *FLAGS,
+        "--output-dir",
+        str(output_dir),
+        "--tfds-dir",
+        str(tfds_dir),
+    ]
     return subprocess.Popen(
         [*command, *flags], env=environment, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
@@ -98,7 +107,9 @@ def uninterrupted(tmp_path_factory):
     "points",
     [
         pytest.param(["train 7", "save"], id="mid_epoch_and_while_saving"),
-        pytest.param(["train 4", "validation 2 2"], id="after_an_epochs_last_batch_and_in_validation", marks=pytest.mark.slow),
+        pytest.param(
+            ["train 4", "validation 2 2"], id="after_an_epochs_last_batch_and_in_validation", marks=pytest.mark.slow
+        ),
     ],
 )
 def test_a_killed_recipe_reruns_to_the_files_of_an_uninterrupted_run(points, uninterrupted, tmp_path):

@@ -32,9 +32,15 @@ def test_rouge_matches_rouge_score():
     # unigrams match, 3 of 5 and 7 bigrams, and the longest common subsequence has 5 tokens.
     reference = "The cat sat on the mat."
     summary = "the cat lay on the mat, the end"
-    assert seq2seq_summarize.ROUGE["rouge1"](reference, summary) == pytest.approx(2 * (5 / 8) * (5 / 6) / (5 / 8 + 5 / 6))
-    assert seq2seq_summarize.ROUGE["rouge2"](reference, summary) == pytest.approx(2 * (3 / 7) * (3 / 5) / (3 / 7 + 3 / 5))
-    assert seq2seq_summarize.ROUGE["rougeL"](reference, summary) == pytest.approx(2 * (5 / 8) * (5 / 6) / (5 / 8 + 5 / 6))
+    assert seq2seq_summarize.ROUGE["rouge1"](reference, summary) == pytest.approx(
+        2 * (5 / 8) * (5 / 6) / (5 / 8 + 5 / 6)
+    )
+    assert seq2seq_summarize.ROUGE["rouge2"](reference, summary) == pytest.approx(
+        2 * (3 / 7) * (3 / 5) / (3 / 7 + 3 / 5)
+    )
+    assert seq2seq_summarize.ROUGE["rougeL"](reference, summary) == pytest.approx(
+        2 * (5 / 8) * (5 / 6) / (5 / 8 + 5 / 6)
+    )
     assert seq2seq_summarize.ROUGE["rouge2"]("a b", "c d") == 0.0
     assert seq2seq_summarize.ROUGE["rougeL"]("", "a") == 0.0
 

@@ -68,8 +68,13 @@ def main(mode, output_dir, weights_file, dropout="0"):
         # A kzoo task model: `Task` carries the multi-worker fix.
         model = kzoo.models.GPTCausalLM(
             kzoo.models.GPTBackbone(
-                vocabulary_size=VOCABULARY_SIZE, num_layers=1, num_heads=2, hidden_dim=16,
-                intermediate_dim=32, max_sequence_length=SEQUENCE_LENGTH, dropout=float(dropout),
+                vocabulary_size=VOCABULARY_SIZE,
+                num_layers=1,
+                num_heads=2,
+                hidden_dim=16,
+                intermediate_dim=32,
+                max_sequence_length=SEQUENCE_LENGTH,
+                dropout=float(dropout),
             )
         )
         # A schedule on optimizer.iterations, the global step, which the backup
@@ -77,9 +82,7 @@ def main(mode, output_dir, weights_file, dropout="0"):
         # no gradient (softmax is shift-invariant), and Adam would scale the
         # round-off that stands for it, which differs between devices, up to
         # the learning rate.
-        learning_rate = keras.optimizers.schedules.CosineDecay(
-            0.0, decay_steps=8, warmup_target=0.1, warmup_steps=4
-        )
+        learning_rate = keras.optimizers.schedules.CosineDecay(0.0, decay_steps=8, warmup_target=0.1, warmup_steps=4)
         model.compile(
             optimizer=keras.optimizers.SGD(learning_rate, momentum=0.9),
             jit_compile=config.jit_compile,

@@ -192,8 +192,16 @@ class BertBackbone(Backbone):
         `kwargs` override its config (e.g. `dropout`, `dtype`)."""
         config = keras_hub_config(
             hub_backbone,
-            ("vocabulary_size", "num_layers", "num_heads", "hidden_dim",
-             "intermediate_dim", "max_sequence_length", "num_segments", "dropout"),
+            (
+                "vocabulary_size",
+                "num_layers",
+                "num_heads",
+                "hidden_dim",
+                "intermediate_dim",
+                "max_sequence_length",
+                "num_segments",
+                "dropout",
+            ),
         )
         backbone = cls(**{**config, **kwargs})
         pairs = [

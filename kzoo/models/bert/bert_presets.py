@@ -16,7 +16,9 @@ BERT_PRESETS = {
             "intermediate_dim": 512,
             "max_sequence_length": 512,
         },
-        "description": "BERT-Tiny (Turc et al., 2019): 2 layers x 128, 4.4M parameters; fine-tunes on a CPU in minutes.",
+        "description": (
+            "BERT-Tiny (Turc et al., 2019): 2 layers x 128, 4.4M parameters; fine-tunes on a CPU in minutes."
+        ),
     },
     "bert_small": {
         "class_name": "BertBackbone",

@@ -84,9 +84,9 @@ class FeedForwardLanguageModel(StandaloneTask):
 
         # === Functional model ===
         token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
-        x = keras.layers.Embedding(
-            vocabulary_size, embedding_dim, mask_zero=True, dtype=dtype, name="token_embedding"
-        )(token_ids)  # (B, T, embedding_dim)
+        x = keras.layers.Embedding(vocabulary_size, embedding_dim, mask_zero=True, dtype=dtype, name="token_embedding")(
+            token_ids
+        )  # (B, T, embedding_dim)
         x = ContextWindow(window_size, dtype=dtype, name="context_window")(x)  # (B, T, n * embedding_dim)
         x = keras.layers.Dropout(dropout, dtype=dtype, name="window_dropout")(x)
         for i in range(num_layers):
@@ -111,13 +111,15 @@ class FeedForwardLanguageModel(StandaloneTask):
 
     def get_config(self):
         config = super().get_config()
-        config.update({
-            "vocabulary_size": self.vocabulary_size,
-            "window_size": self.window_size,
-            "embedding_dim": self.embedding_dim,
-            "hidden_dim": self.hidden_dim,
-            "num_layers": self.num_layers,
-            "activation": self.activation,
-            "dropout": self.dropout,
-        })
+        config.update(
+            {
+                "vocabulary_size": self.vocabulary_size,
+                "window_size": self.window_size,
+                "embedding_dim": self.embedding_dim,
+                "hidden_dim": self.hidden_dim,
+                "num_layers": self.num_layers,
+                "activation": self.activation,
+                "dropout": self.dropout,
+            }
+        )
         return config

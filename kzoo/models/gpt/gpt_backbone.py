@@ -166,8 +166,15 @@ class GPTBackbone(Backbone):
         `kwargs` override its config (e.g. `dropout`, `dtype`)."""
         config = keras_hub_config(
             hub_backbone,
-            ("vocabulary_size", "num_layers", "num_heads", "hidden_dim",
-             "intermediate_dim", "max_sequence_length", "dropout"),
+            (
+                "vocabulary_size",
+                "num_layers",
+                "num_heads",
+                "hidden_dim",
+                "intermediate_dim",
+                "max_sequence_length",
+                "dropout",
+            ),
         )
         backbone = cls(**{**config, **kwargs})
         pairs = [

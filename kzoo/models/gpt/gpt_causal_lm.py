@@ -155,6 +155,13 @@ class GPTCausalLM(Task):
             return logits[:, -1], cache, step
 
         return generation.generate(
-            self, start, prompts, max_length=max_length, max_new_tokens=max_new_tokens, sampler=sampler,
-            stop_token_ids=stop_token_ids, jit_compile=jit_compile, limit=self.backbone.max_sequence_length,
+            self,
+            start,
+            prompts,
+            max_length=max_length,
+            max_new_tokens=max_new_tokens,
+            sampler=sampler,
+            stop_token_ids=stop_token_ids,
+            jit_compile=jit_compile,
+            limit=self.backbone.max_sequence_length,
         )

@@ -28,11 +28,21 @@ class BiLSTMTagger(BiLSTMClassifier):
     (2, 10, 17)
     """
 
-    def __init__(self, vocabulary_size, num_labels, embedding_dim, hidden_dim, num_layers=1, dropout=0.0, dtype=None,
-                 **kwargs):
+    def __init__(
+        self, vocabulary_size, num_labels, embedding_dim, hidden_dim, num_layers=1, dropout=0.0, dtype=None, **kwargs
+    ):
         check_positive_int("num_labels", num_labels)  # named as the caller wrote it
-        super().__init__(vocabulary_size, num_labels, embedding_dim, hidden_dim, num_layers=num_layers,
-                         dropout=dropout, pooling=None, dtype=dtype, **kwargs)
+        super().__init__(
+            vocabulary_size,
+            num_labels,
+            embedding_dim,
+            hidden_dim,
+            num_layers=num_layers,
+            dropout=dropout,
+            pooling=None,
+            dtype=dtype,
+            **kwargs,
+        )
         self.num_labels = num_labels
 
     def get_config(self):

@@ -54,7 +54,9 @@ def recurrent_stack(
     check_choice("cell", cell, RECURRENT_LAYERS)
     check_rate("dropout", dropout)
 
-    x = keras.layers.Embedding(vocabulary_size, embedding_dim, mask_zero=True, dtype=dtype, name="token_embedding")(token_ids)
+    x = keras.layers.Embedding(vocabulary_size, embedding_dim, mask_zero=True, dtype=dtype, name="token_embedding")(
+        token_ids
+    )
     x = keras.layers.Dropout(dropout, dtype=dtype, name="embedding_dropout")(x)  # (B, T, embedding_dim)
     for i in range(num_layers):
         layer = RECURRENT_LAYERS[cell](hidden_dim, return_sequences=True, dtype=dtype, name=f"{cell}_{i}")

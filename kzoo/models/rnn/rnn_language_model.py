@@ -82,12 +82,14 @@ class RNNLanguageModel(StandaloneTask):
 
     def get_config(self):
         config = super().get_config()
-        config.update({
-            "vocabulary_size": self.vocabulary_size,
-            "embedding_dim": self.embedding_dim,
-            "hidden_dim": self.hidden_dim,
-            "num_layers": self.num_layers,
-            "cell": self.cell,
-            "dropout": self.dropout,
-        })
+        config.update(
+            {
+                "vocabulary_size": self.vocabulary_size,
+                "embedding_dim": self.embedding_dim,
+                "hidden_dim": self.hidden_dim,
+                "num_layers": self.num_layers,
+                "cell": self.cell,
+                "dropout": self.dropout,
+            }
+        )
         return config

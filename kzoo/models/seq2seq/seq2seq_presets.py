@@ -17,7 +17,9 @@ SEQ2SEQ_PRESETS = {
             "intermediate_dim": 256,
             "max_sequence_length": 128,
         },
-        "description": "Transformer, 2+2 layers x 64, 1k shared vocabulary (0.3M parameters); trains on a CPU in minutes.",
+        "description": (
+            "Transformer, 2+2 layers x 64, 1k shared vocabulary (0.3M parameters); trains on a CPU in minutes."
+        ),
     },
     "transformer_small": {
         "class_name": "Seq2SeqBackbone",

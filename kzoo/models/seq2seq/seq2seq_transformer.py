@@ -177,8 +177,7 @@ class Seq2SeqTransformer(Task):
             sources = np.asarray(ops.convert_to_numpy(encoder_token_ids), "int32")
         if sources.ndim != 2 or sources.shape[1] == 0 or not (sources != 0).any(axis=1).all():
             raise ValueError(
-                "`encoder_token_ids` must hold at least one non-padding token per row; "
-                f"received shape {sources.shape}."
+                f"`encoder_token_ids` must hold at least one non-padding token per row; received shape {sources.shape}."
             )
         if sources.shape[1] > self.backbone.max_sequence_length:
             raise ValueError(
@@ -209,7 +208,14 @@ class Seq2SeqTransformer(Task):
             return logits[:, -1], (cache, cross_cache, encoder_padding_mask), step
 
         return generation.generate(
-            self, start, decoder_prompts, max_length=max_length, max_new_tokens=max_new_tokens, sampler=sampler,
-            stop_token_ids=stop_token_ids, jit_compile=jit_compile, limit=self.backbone.max_sequence_length,
+            self,
+            start,
+            decoder_prompts,
+            max_length=max_length,
+            max_new_tokens=max_new_tokens,
+            sampler=sampler,
+            stop_token_ids=stop_token_ids,
+            jit_compile=jit_compile,
+            limit=self.backbone.max_sequence_length,
             inputs=(sources,),
         )

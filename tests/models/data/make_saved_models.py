@@ -26,8 +26,15 @@ from kzoo import models  # noqa: E402
 
 DIRECTORY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "saved_models")
 VOCABULARY = 32
-TRANSFORMER = dict(vocabulary_size=VOCABULARY, num_layers=2, num_heads=2, hidden_dim=8, intermediate_dim=16,
-                   max_sequence_length=12, dropout=0.1)
+TRANSFORMER = dict(
+    vocabulary_size=VOCABULARY,
+    num_layers=2,
+    num_heads=2,
+    hidden_dim=8,
+    intermediate_dim=16,
+    max_sequence_length=12,
+    dropout=0.1,
+)
 
 
 def layers_model():
@@ -55,8 +62,16 @@ def main():
     ids = rng.integers(1, VOCABULARY, (batch, length)).astype("int32") * mask
     bert_x = {"token_ids": ids, "segment_ids": np.zeros_like(ids), "padding_mask": mask}
     gpt_x = {"token_ids": ids, "padding_mask": mask}
-    seq2seq = dict(vocabulary_size=VOCABULARY, num_encoder_layers=1, num_decoder_layers=2, num_heads=2, hidden_dim=8,
-                   intermediate_dim=16, max_sequence_length=12, dropout=0.1)
+    seq2seq = dict(
+        vocabulary_size=VOCABULARY,
+        num_encoder_layers=1,
+        num_decoder_layers=2,
+        num_heads=2,
+        hidden_dim=8,
+        intermediate_dim=16,
+        max_sequence_length=12,
+        dropout=0.1,
+    )
     cases = {
         "gpt_causal_lm": (models.GPTCausalLM(models.GPTBackbone(**TRANSFORMER)), gpt_x, ids),
         "bert_masked_lm": (
@@ -76,11 +91,21 @@ def main():
             {"encoder_token_ids": ids, "decoder_token_ids": ids[:, :5]},
             ids[:, :5],
         ),
-        "bilstm_classifier": (models.BiLSTMClassifier(VOCABULARY, 3, 4, 4, num_layers=2, dropout=0.1), ids, ids[:, 0] % 3),
+        "bilstm_classifier": (
+            models.BiLSTMClassifier(VOCABULARY, 3, 4, 4, num_layers=2, dropout=0.1),
+            ids,
+            ids[:, 0] % 3,
+        ),
         "bilstm_tagger": (models.BiLSTMTagger(VOCABULARY, 5, 4, 4, dropout=0.1), ids, ids % 5),
-        "rnn_language_model": (models.RNNLanguageModel(VOCABULARY, 4, 4, num_layers=2, cell="gru", dropout=0.1), ids, ids),
+        "rnn_language_model": (
+            models.RNNLanguageModel(VOCABULARY, 4, 4, num_layers=2, cell="gru", dropout=0.1),
+            ids,
+            ids,
+        ),
         "feed_forward_language_model": (
-            models.FeedForwardLanguageModel(VOCABULARY, 3, 4, 8, num_layers=2, dropout=0.1), ids, ids,
+            models.FeedForwardLanguageModel(VOCABULARY, 3, 4, 8, num_layers=2, dropout=0.1),
+            ids,
+            ids,
         ),
         "layers": (layers_model(), {"token_ids": ids, "source_ids": ids[:, :6]}, ids),
     }
