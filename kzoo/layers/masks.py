@@ -2,7 +2,8 @@
 
 from keras import ops
 
-# Keras keeps implicit masks through a private accessor (as keras-hub does).
+# Keras keeps implicit masks through a private accessor (as keras-hub does); re-exported.
+from keras.src.backend import get_keras_mask as keras_mask  # noqa: F401
 
 
 def causal_mask(query_length, key_length, offset=0):
