@@ -17,6 +17,8 @@ from kzoo import data
 from kzoo import export
 from kzoo import models
 from kzoo.data.tokenizer_json import hugging_face_tokenizer
+from kzoo.data.tokenizers import EOS_ID
+from kzoo.data.tokenizers import SEP_ID
 from kzoo.export import exporter
 from kzoo.export import litertlm
 from kzoo.export import litertlm_model
@@ -327,3 +329,17 @@ def test_subword_bundles_give_keras_greedy_tokens(subword_bundle):
         if kind == "word_piece":  # one piece per token, what it adds to the text (bytes may wait for a whole character)
             text = [loaded.decode(output[:i], skip_special_tokens=False) for i in range(len(output) + 1)]
             assert streamed == [text[i + 1].removeprefix(text[i]) for i in range(len(output))], prompt
+
+
+def test_a_translation_prompt_written_as_text_is_the_conditional_lm_prompt(subword_bundle):
+    """gpt_translate's prompt `english [SEP]`, written as text, gives the runtime the ids
+    `conditional_lm_prompts` gives Keras, and the runtime continues it as Keras does, to [EOS]."""
+    kind, lm, runtime, _ = subword_bundle
+    if kind != "word_piece":
+        pytest.skip("translation prompts are WordPiece")
+    for source in ("How are you?", "¿Dónde está Tom?"):
+        (ids,) = data.conditional_lm_prompts([source], lm.tokenizer, MAX_LENGTH)
+        assert ids[-1] == SEP_ID and runtime.tokenize(f"{source} [SEP]") == ids
+        output = lm.generate([ids], max_length=MAX_LENGTH, stop_token_ids=[EOS_ID], jit_compile=False)[0][len(ids):]
+        output = output[:-1] if output[-1] == EOS_ID else output
+        assert runtime.generate(f"{source} [SEP]", MAX_LENGTH - len(ids), top_k=1) == lm.tokenizer.detokenize(output)
