@@ -91,13 +91,6 @@ class RuntimeSignatures:
         self.cache_length = cache_length
         self.prefill_lengths = prefill_lengths(cache_length, lengths)
         self.tied_embeddings = any(isinstance(layer, TiedLogits) for layer in model.layers)
-        # The TFLite model's `kzoo_model` metadata, as `ServingSignatures.info` (`convert` writes it).
-        self.info = {
-            "task": "causal_lm",
-            "vocabulary_size": int(model.backbone.vocabulary_size),
-            "max_sequence_length": getattr(model.backbone, "max_sequence_length", None),
-            "cache_length": cache_length,
-        }
         cache = model.empty_cache(1, cache_length)
         specs = []
         for i, (keys, values) in enumerate(cache):
