@@ -171,7 +171,9 @@ def _word_pieces(tokenizer):
         ])
         special_tokens = tokenizer._special_tokens_for_splitting() or []
     # Matched in the raw text before anything else, as Keras matches them.
-    result.add_special_tokens([tokenizers.AddedToken(token, special=True, normalized=False) for token in special_tokens])
+    result.add_special_tokens(
+        [tokenizers.AddedToken(token, special=True, normalized=False) for token in special_tokens]
+    )
     # keras-hub joins words with spaces and glues continuation pieces on, nothing more
     # (`cleanup` would also remove the space before punctuation).
     result.decoder = decoders.WordPiece(prefix=tokenizer.suffix_indicator, cleanup=False)

@@ -62,7 +62,7 @@ SENTENCES = [
 
 @pytest.fixture(scope="module")
 def spa_eng():
-    lines = lzma.open(data.corpus_dir() / "spa-eng" / "spa.txt.xz", "rt", encoding="utf-8").read().splitlines()
+    lines = _read_xz(data.corpus_dir() / "spa-eng" / "spa.txt.xz").splitlines()
     return [text for line in lines[:2000] for text in line.split("\t")[:2]]
 
 
@@ -87,7 +87,9 @@ def check_agreement(tokenizer, texts):
 WORD_PIECE_TOKENIZERS = {
     # the recipes' tokenizers (cased: gpt_translate, seq2seq_translate, bert_tag)
     "kzoo cased": lambda vocabulary: data.word_piece_tokenizer(vocabulary[False]),
-    "keras-hub, special tokens spelled out": lambda vocabulary: keras_hub.tokenizers.WordPieceTokenizer(vocabulary[False]),
+    "keras-hub, special tokens spelled out": lambda vocabulary: keras_hub.tokenizers.WordPieceTokenizer(
+        vocabulary[False]
+    ),
     "keras-hub, strip accents": lambda vocabulary: keras_hub.tokenizers.WordPieceTokenizer(
         vocabulary[True], strip_accents=True, split_on_cjk=False
     ),
@@ -107,7 +109,7 @@ def test_word_piece_lowercase_agrees_on_real_text(word_piece_vocabularies, spa_e
     """keras-hub's lowercasing is case folding, which the writer approximates (module docstring):
     equal on real text, and on the documented differences it differs as written there."""
     tokenizer = data.word_piece_tokenizer(word_piece_vocabularies[True], lowercase=True)
-    exported, loaded = check_agreement(tokenizer, [text for text in SENTENCES if "…" not in text] + spa_eng[1:2000:25])
+    _, loaded = check_agreement(tokenizer, [text for text in SENTENCES if "…" not in text] + spa_eng[1:2000:25])
     # U+00A0 is a space after NFKC: split by the written tokenizer, kept in the word by keras-hub.
     assert np.asarray(tokenizer("a\u00a0b")).tolist() == [UNK_ID] != loaded.encode("a\u00a0b").ids
 
@@ -128,7 +130,7 @@ def test_word_piece_unknown_words_are_unk(word_piece_vocabularies):
 @pytest.fixture(scope="module")
 def gpt2_tokenizer():
     """A GPT-2 tokenizer (keras-hub's) over a byte-level BPE that `tokenizers` fits on Shakespeare."""
-    text = lzma.open(data.corpus_dir() / "tinyshakespeare" / "input.txt.xz", "rt", encoding="utf-8").read()[:100000]
+    text = _read_xz(data.corpus_dir() / "tinyshakespeare" / "input.txt.xz")[:100000]
     bpe = tokenizers.ByteLevelBPETokenizer()
     bpe.train_from_iterator(
         [text, "2024 12345 (hello) café"], vocab_size=700, special_tokens=["<|endoftext|>"], show_progress=False
@@ -144,7 +146,7 @@ def gpt2_tokenizer():
 def test_gpt2_byte_level_bpe_agrees_with_keras(gpt2_tokenizer):
     tokenizer, text = gpt2_tokenizer
     lines = text.splitlines()
-    exported, loaded = check_agreement(tokenizer, SENTENCES + ["a<|endoftext|>b", "x\u00a0y\u3000z"] + lines[:400:7])
+    exported, _ = check_agreement(tokenizer, SENTENCES + ["a<|endoftext|>b", "x\u00a0y\u3000z"] + lines[:400:7])
     end = tokenizer.token_to_id("<|endoftext|>")
     assert exported.start_token_id == end and exported.stop_token_ids == [end]
 
@@ -202,3 +204,8 @@ def test_unsupported_tokenizers_are_refused():
     unsplit = keras_hub.tokenizers.WordPieceTokenizer(["[UNK]", "[EOS]", "hola"], split=False)
     with pytest.raises(ValueError, match="split"):
         hugging_face_tokenizer(unsplit)
+
+
+def _read_xz(path):
+    with lzma.open(path, "rt", encoding="utf-8") as file:
+        return file.read()

@@ -255,8 +255,9 @@ def test_each_weight_is_stored_once(exported):
 
 
 def test_the_runtime_packages_are_pinned_to_the_installed_versions():
-    import tomllib
     from importlib import metadata
+
+    import tomllib
 
     extras = tomllib.loads((REPOSITORY / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert "kzoo[litertlm]" in extras["test"]
@@ -266,7 +267,7 @@ def test_the_runtime_packages_are_pinned_to_the_installed_versions():
 
 
 def _spa_eng_texts(count):
-    lines = lzma.open(data.corpus_dir() / "spa-eng" / "spa.txt.xz", "rt", encoding="utf-8").read().splitlines()
+    lines = _read_xz(data.corpus_dir() / "spa-eng" / "spa.txt.xz").splitlines()
     return [text for line in lines[:count] for text in line.split("\t")[:2]]
 
 
@@ -277,7 +278,7 @@ def _word_piece_tokenizer():
 
 def _gpt2_tokenizer():
     """keras-hub's GPT-2 tokenizer over a byte-level BPE fitted by `tokenizers`, <|endoftext|> at id 0."""
-    text = lzma.open(data.corpus_dir() / "tinyshakespeare" / "input.txt.xz", "rt", encoding="utf-8").read()[:50000]
+    text = _read_xz(data.corpus_dir() / "tinyshakespeare" / "input.txt.xz")[:50000]
     bpe = tokenizers.ByteLevelBPETokenizer()
     bpe.train_from_iterator([text], vocab_size=400, special_tokens=["<|endoftext|>"], show_progress=False)
     model = json.loads(bpe.to_str())["model"]
@@ -325,7 +326,8 @@ def test_subword_bundles_give_keras_greedy_tokens(subword_bundle):
                              jit_compile=False)[0][len(start) + len(ids):]
         output = output[:-1] if output[-1] in stop[0] else output
         streamed = list(runtime.stream(prompt, new, top_k=1))
-        assert "".join(streamed) == str(tokenizer.detokenize(output)) == loaded.decode(output, skip_special_tokens=False)
+        expected = loaded.decode(output, skip_special_tokens=False)
+        assert "".join(streamed) == str(tokenizer.detokenize(output)) == expected
         if kind == "word_piece":  # one piece per token, what it adds to the text (bytes may wait for a whole character)
             text = [loaded.decode(output[:i], skip_special_tokens=False) for i in range(len(output) + 1)]
             assert streamed == [text[i + 1].removeprefix(text[i]) for i in range(len(output))], prompt
@@ -343,3 +345,8 @@ def test_a_translation_prompt_written_as_text_is_the_conditional_lm_prompt(subwo
         output = lm.generate([ids], max_length=MAX_LENGTH, stop_token_ids=[EOS_ID], jit_compile=False)[0][len(ids):]
         output = output[:-1] if output[-1] == EOS_ID else output
         assert runtime.generate(f"{source} [SEP]", MAX_LENGTH - len(ids), top_k=1) == lm.tokenizer.detokenize(output)
+
+
+def _read_xz(path):
+    with lzma.open(path, "rt", encoding="utf-8") as file:
+        return file.read()
