@@ -5,7 +5,9 @@
 
 Prints the prompt, then the text as the runtime produces it. The bundle carries its tokenizer
 and its default sampler (kzoo's: top-k, k = 5); the flags override the sampler, `--greedy`
-takes the most likely token each time (the text Keras' greedy `generate` gives). Exits with
+takes the most likely token each time (the text Keras' greedy `generate` gives). A
+translation bundle (`recipes/gpt_translate.py`'s model) takes its prompt as `english [SEP]`,
+e.g. `--prompt "How are you? [SEP]" --greedy`, and stops at [EOS]. Exits with
 status 1 and a message for a file that is not a bundle or is truncated, an empty prompt, or a
 prompt or `--max-new-tokens` that does not fit in the bundle's maximum number of tokens.
 

@@ -28,6 +28,13 @@ the default, 64, that is about 0.2% of the training pairs). To use the model lat
     prompts = kzoo.data.conditional_lm_prompts(["I like cats."], tokenizer, 64)
     ids = lm.generate(prompts, stop_token_ids=[kzoo.data.tokenizers.EOS_ID])
     print(tokenizer.detokenize(ids[0][len(prompts[0]) : -1]))  # without the prompt and [EOS]
+
+On device, in Google's LiteRT-LM runtime: export the model as a `.litertlm` bundle (its
+tokenizer, a WordPiece `tokenizer.json`, keeps "[SEP]" whole and stops at [EOS]), then write
+the prompt as text, `english [SEP]`:
+
+    python export/export.py runs/gpt_translate/model.keras --out runs/gpt_translate/export --formats litertlm
+    python export/serve_litertlm.py runs/gpt_translate/export/model.litertlm --prompt "How are you? [SEP]" --greedy
 """
 
 import json

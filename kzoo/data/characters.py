@@ -23,6 +23,7 @@ class CharacterTokenizer(keras_hub.tokenizers.UnicodeCodepointTokenizer):
     `"\\x1a"`. keras-hub's `UnicodeCodepointTokenizer` would instead clamp such a character to
     the last id (`vocabulary_size - 1`), silently turning it into a real character of the
     vocabulary (`"ÿ"` in Latin-1). Case is kept; id 0 (NUL) is padding and detokenizes to nothing.
+    It is also `end_token_id`, the id that ends a generation (a LiteRT-LM bundle's stop token).
 
     Args:
         vocabulary_size: int, the number of ids, 2 to 0x110000.
@@ -37,6 +38,8 @@ class CharacterTokenizer(keras_hub.tokenizers.UnicodeCodepointTokenizer):
     >>> tokenizer.detokenize([72, 105])
     'Hi'
     """
+
+    end_token_id = END_ID
 
     def __init__(self, vocabulary_size=128, unknown_id=UNKNOWN_ID, **kwargs):
         if not 2 <= vocabulary_size <= 0x110000:

@@ -92,6 +92,10 @@ def train_word_piece_vocabulary(texts, vocabulary_size, lowercase=False):
 def word_piece_tokenizer(vocabulary, lowercase=False):
     """A WordPiece tokenizer over `vocabulary`, which must start with `SPECIAL_TOKENS`.
 
+    The special tokens written in a text are kept whole: `"hello [SEP]"` gives the id of
+    "hello", then `SEP_ID`, as Hugging Face's `tokenizers` (and so a LiteRT-LM bundle's
+    tokenizer) gives it, so that a prompt can be written as text.
+
     Args:
         vocabulary: a list of tokens (from `train_word_piece_vocabulary`) or the path of a
             vocabulary file, one token per line.
@@ -102,7 +106,9 @@ def word_piece_tokenizer(vocabulary, lowercase=False):
     >>> tokenizer.detokenize(tokenizer("the cat"))
     'the cat'
     """
-    tokenizer = keras_hub.tokenizers.WordPieceTokenizer(vocabulary=vocabulary, lowercase=lowercase)
+    tokenizer = keras_hub.tokenizers.WordPieceTokenizer(
+        vocabulary=vocabulary, lowercase=lowercase, special_tokens=list(SPECIAL_TOKENS), special_tokens_in_strings=True
+    )
     reserved = tokenizer.get_vocabulary()[: len(SPECIAL_TOKENS)]
     if reserved != list(SPECIAL_TOKENS):
         raise ValueError(

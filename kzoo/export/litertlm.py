@@ -330,12 +330,17 @@ def _generation_cases(model, tokenizer, reference, signatures, exported, generat
     longest = cache_length - new_tokens
     lengths = sorted({1, min(7, longest), min(2 * signatures.prefill_lengths[-1] + 3, longest)})
     rows = reference.token_ids
+    start = [exported.start_token_id] if exported.start_token_id is not None else []
     cases = []
     for i, length in enumerate(lengths):
-        text = _text(tokenizer.detokenize(rows[i % len(rows)][:length]))
-        ids = [int(token) for token in np.asarray(tokenizer(text))]
-        new = min(new_tokens, cache_length - len(ids))
-        start = ([exported.start_token_id] if exported.start_token_id is not None else [])
+        cut = rows[i % len(rows)][:length]
+        while True:  # detokenized and tokenized again, a cut can grow (subwords): cut it shorter
+            text = _text(tokenizer.detokenize(cut))
+            ids = [int(token) for token in np.asarray(tokenizer(text))]
+            if len(cut) <= 1 or len(start) + len(ids) <= longest:
+                break
+            cut = cut[: max(1, len(cut) - (len(start) + len(ids) - longest))]
+        new = min(new_tokens, cache_length - len(start) - len(ids))
         output = model.generate([start + ids], max_length=len(start) + len(ids) + new,
                                 stop_token_ids=exported.stop_token_ids, jit_compile=False)[0]
         generated = output[len(start) + len(ids):]

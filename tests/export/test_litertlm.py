@@ -1,16 +1,24 @@
 """LiteRT-LM bundles: run in Google's runtime (litert_lm), they give the Keras model's greedy text."""
 
+import json
+import lzma
 import os
 import subprocess
 import sys
 
 import keras
+import keras_hub
 import numpy as np
 import pytest
+import tokenizers
 from ai_edge_litert.interpreter import Interpreter
 
 from kzoo import data
 from kzoo import export
+from kzoo import models
+from kzoo.data.tokenizer_json import hugging_face_tokenizer
+from kzoo.data.tokenizers import EOS_ID
+from kzoo.data.tokenizers import SEP_ID
 from kzoo.export import exporter
 from kzoo.export import litertlm
 from kzoo.export import litertlm_model
@@ -247,8 +255,9 @@ def test_each_weight_is_stored_once(exported):
 
 
 def test_the_runtime_packages_are_pinned_to_the_installed_versions():
-    import tomllib
     from importlib import metadata
+
+    import tomllib
 
     extras = tomllib.loads((REPOSITORY / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     (self_extra,) = [requirement for requirement in extras["test"] if requirement.startswith("kzoo[")]
@@ -256,3 +265,89 @@ def test_the_runtime_packages_are_pinned_to_the_installed_versions():
     for package in ("litert-lm-api", "litert-lm-builder"):
         (pin,) = [requirement for requirement in extras["litertlm"] if requirement.startswith(package + "==")]
         assert pin == f"{package}=={metadata.version(package)}"
+
+
+def _spa_eng_texts(count):
+    lines = _read_xz(data.corpus_dir() / "spa-eng" / "spa.txt.xz").splitlines()
+    return [text for line in lines[:count] for text in line.split("\t")[:2]]
+
+
+def _word_piece_tokenizer():
+    """kzoo's WordPiece tokenizer as gpt_translate fits it (cased, special tokens kept whole)."""
+    return data.word_piece_tokenizer(data.train_word_piece_vocabulary(_spa_eng_texts(1000), 300))
+
+
+def _gpt2_tokenizer():
+    """keras-hub's GPT-2 tokenizer over a byte-level BPE fitted by `tokenizers`, <|endoftext|> at id 0."""
+    text = _read_xz(data.corpus_dir() / "tinyshakespeare" / "input.txt.xz")[:50000]
+    bpe = tokenizers.ByteLevelBPETokenizer()
+    bpe.train_from_iterator([text], vocab_size=400, special_tokens=["<|endoftext|>"], show_progress=False)
+    model = json.loads(bpe.to_str())["model"]
+    merges = [merge if isinstance(merge, str) else " ".join(merge) for merge in model["merges"]]
+    return keras_hub.models.GPT2Tokenizer(vocabulary=model["vocab"], merges=merges)
+
+
+@pytest.fixture(scope="module", params=["word_piece", "gpt2_bpe"])
+def subword_bundle(request, tmp_path_factory):
+    """A tiny GPT carrying a WordPiece or GPT-2 BPE tokenizer, exported to LiteRT-LM."""
+    tokenizer = {"word_piece": _word_piece_tokenizer, "gpt2_bpe": _gpt2_tokenizer}[request.param]()
+    folder = tmp_path_factory.mktemp(request.param)
+    backbone = build("gpt", vocabulary_size=tokenizer.vocabulary_size(), max_sequence_length=MAX_LENGTH).backbone
+    models.GPTCausalLM(backbone, tokenizer=tokenizer).save(folder / "model.keras")
+    report = export.export(
+        folder / "model.keras", folder / "export", formats=["litertlm"], cache_length=MAX_LENGTH,
+        num_examples=4, latency_runs=1, generate_tokens=8,
+    )
+    lm = keras.saving.load_model(folder / "model.keras")
+    runtime = litertlm_model.LiteRTLMModel(folder / "export" / "model.litertlm")
+    yield request.param, lm, runtime, report
+    runtime.close()
+
+
+# Real text: accents, punctuation, emoji (outside both vocabularies' words), CJK, a special token.
+SUBWORD_PROMPTS = ["¿Dónde está la estación? ¡Vamos!", "Café, déjà vu 😀 中文", "how are you ? [SEP]", "Tom"]
+
+
+def test_subword_bundles_give_keras_greedy_tokens(subword_bundle):
+    kind, lm, runtime, report = subword_bundle
+    record = report["artifacts"]["litertlm"]
+    assert record["generation"]["matches_keras"] and record["tokenizer"]["matches_keras"]
+    tokenizer = lm.tokenizer
+    loaded = tokenizers.Tokenizer.from_str(hugging_face_tokenizer(tokenizer).tokenizer.to_str())
+    metadata = litertlm_model.read_metadata(runtime.path)
+    stop = [list(token.token_ids.ids) for token in metadata.stop_tokens]
+    start = list(metadata.start_token.token_ids.ids) if metadata.HasField("start_token") else []
+    # The stop (and, for GPT-2, start) token is the tokenizer's own: [EOS] (6) and <|endoftext|> (0).
+    assert (stop, start) == ({"word_piece": ([[6]], []), "gpt2_bpe": ([[0]], [0])}[kind])
+    for prompt in SUBWORD_PROMPTS:
+        ids = np.asarray(tokenizer(prompt)).tolist()
+        assert runtime.tokenize(prompt) == ids, prompt
+        new = min(10, MAX_LENGTH - len(start) - len(ids))
+        output = lm.generate([start + ids], max_length=len(start) + len(ids) + new, stop_token_ids=stop[0],
+                             jit_compile=False)[0][len(start) + len(ids):]
+        output = output[:-1] if output[-1] in stop[0] else output
+        streamed = list(runtime.stream(prompt, new, top_k=1))
+        expected = loaded.decode(output, skip_special_tokens=False)
+        assert "".join(streamed) == str(tokenizer.detokenize(output)) == expected
+        if kind == "word_piece":  # one piece per token, what it adds to the text (bytes may wait for a whole character)
+            text = [loaded.decode(output[:i], skip_special_tokens=False) for i in range(len(output) + 1)]
+            assert streamed == [text[i + 1].removeprefix(text[i]) for i in range(len(output))], prompt
+
+
+def test_a_translation_prompt_written_as_text_is_the_conditional_lm_prompt(subword_bundle):
+    """gpt_translate's prompt `english [SEP]`, written as text, gives the runtime the ids
+    `conditional_lm_prompts` gives Keras, and the runtime continues it as Keras does, to [EOS]."""
+    kind, lm, runtime, _ = subword_bundle
+    if kind != "word_piece":
+        pytest.skip("translation prompts are WordPiece")
+    for source in ("How are you?", "¿Dónde está Tom?"):
+        (ids,) = data.conditional_lm_prompts([source], lm.tokenizer, MAX_LENGTH)
+        assert ids[-1] == SEP_ID and runtime.tokenize(f"{source} [SEP]") == ids
+        output = lm.generate([ids], max_length=MAX_LENGTH, stop_token_ids=[EOS_ID], jit_compile=False)[0][len(ids):]
+        output = output[:-1] if output[-1] == EOS_ID else output
+        assert runtime.generate(f"{source} [SEP]", MAX_LENGTH - len(ids), top_k=1) == lm.tokenizer.detokenize(output)
+
+
+def _read_xz(path):
+    with lzma.open(path, "rt", encoding="utf-8") as file:
+        return file.read()

@@ -5,7 +5,13 @@ import _seq2seq
 import gpt_translate
 import keras
 import pytest
+import tokenizers
 
+import kzoo
+from kzoo import export
+from kzoo.data.tokenizer_json import hugging_face_tokenizer
+from kzoo.data.tokenizers import EOS_ID
+from kzoo.export import litertlm_model
 from tests.recipes.conftest import check_run_files
 
 
@@ -44,3 +50,34 @@ def test_bad_input_exits_with_a_clear_message(flags, message, run_recipe, capsys
         run_recipe(gpt_translate, *flags)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_exported_bundle_translates_in_litertlm_as_keras_does(run_recipe):
+    """A `--quick` run exported to LiteRT-LM: for prompts written `english [SEP]`, the runtime's
+    greedy tokens are those of Keras' `generate` (the recipe's `translate`), one by one."""
+    output_dir, record = run_recipe(gpt_translate)
+    report = export.export(
+        output_dir / "model.keras", output_dir / "export", formats=["litertlm"], num_examples=4, latency_runs=1,
+        generate_tokens=8,
+    )
+    assert report["artifacts"]["litertlm"]["generation"]["matches_keras"]
+    lm = keras.saving.load_model(output_dir / "model.keras", compile=False)
+    tokenizer, length = lm.tokenizer, record["settings"]["sequence_length"]
+    hugging_face = tokenizers.Tokenizer.from_str(hugging_face_tokenizer(tokenizer).tokenizer.to_str())
+    sources = ["How are you?", "I like cats.", "What time is the flight?"]
+    translations = gpt_translate.translate(lm, tokenizer, sources, length, batch_size=4)
+    runtime = litertlm_model.LiteRTLMModel(output_dir / "export" / "model.litertlm")
+    try:
+        assert litertlm_model.read_metadata(runtime.path).stop_tokens[0].token_ids.ids == [EOS_ID]
+        for source, translation in zip(sources, translations):
+            (prompt,) = kzoo.data.conditional_lm_prompts([source], tokenizer, length)
+            assert runtime.tokenize(f"{source} [SEP]") == prompt
+            ids = lm.generate([prompt], max_length=length, stop_token_ids=[EOS_ID], jit_compile=False)[0][len(prompt):]
+            ids = ids[:-1] if ids[-1] == EOS_ID else ids
+            text = [hugging_face.decode(ids[:i], skip_special_tokens=False) for i in range(len(ids) + 1)]
+            streamed = list(runtime.stream(f"{source} [SEP]", length - len(prompt), top_k=1))
+            assert streamed == [text[i + 1].removeprefix(text[i]) for i in range(len(ids))]  # token for token
+            assert "".join(streamed) == translation
+    finally:
+        runtime.close()
