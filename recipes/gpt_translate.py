@@ -78,7 +78,9 @@ def add_arguments(parser):
 def main(argv=None):
     args = _common.parse_args(argv, __file__, __doc__, DEFAULTS, QUICK, add_arguments)
     if args.sequence_length < 3:
-        args.parser.error(f"--sequence-length must be >= 3 ([SEP], [EOS] and a token); received {args.sequence_length}.")
+        args.parser.error(
+            f"--sequence-length must be >= 3 ([SEP], [EOS] and a token); received {args.sequence_length}."
+        )
     seq2seq_record = read_seq2seq_run(args)
     run = _common.start(args)
     splits = _seq2seq.load_pairs(args)
@@ -157,7 +159,9 @@ def read_seq2seq_run(args):
     path = folder / _common.METRICS_FILE
     if not path.is_file():
         if args.seq2seq_run:
-            args.parser.error(f"--seq2seq-run {folder} holds no {_common.METRICS_FILE}: run seq2seq_translate.py first.")
+            args.parser.error(
+                f"--seq2seq-run {folder} holds no {_common.METRICS_FILE}: run seq2seq_translate.py first."
+            )
         return None
     record = json.loads(path.read_text(encoding="utf-8"))
     if record.get("recipe") != "seq2seq_translate" or "test_bleu" not in record.get("metrics", {}):

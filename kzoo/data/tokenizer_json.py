@@ -101,14 +101,15 @@ def _characters(tokenizer):
     """`WordLevel` over the code points: each character is one word, characters outside the
     vocabulary become the tokenizer's id for them, and ids decode back to characters, joined."""
     _refuse_options(
-        tokenizer, "character", lowercase=tokenizer.lowercase, normalization_form=tokenizer.normalization_form,
+        tokenizer,
+        "character",
+        lowercase=tokenizer.lowercase,
+        normalization_form=tokenizer.normalization_form,
         sequence_length=tokenizer.sequence_length,
     )
     size = tokenizer.vocabulary_size()
     unknown_id = tokenizer.unknown_id if isinstance(tokenizer, CharacterTokenizer) else size - 1
-    result = tokenizers.Tokenizer(
-        models.WordLevel({chr(i): i for i in range(size)}, unk_token=chr(unknown_id))
-    )
+    result = tokenizers.Tokenizer(models.WordLevel({chr(i): i for i in range(size)}, unk_token=chr(unknown_id)))
     # `[\s\S]`, not `.`: the regex engine's `.` skips line breaks.
     result.pre_tokenizer = pre_tokenizers.Split(tokenizers.Regex(r"[\s\S]"), behavior="isolated")
     # keras-hub drops id 0 (padding) when detokenizing; Fuse joins the characters without spaces.
@@ -127,8 +128,14 @@ _WORD_PIECE_PUNCTUATION = r"[!-/]|[:-@]|[\[-`]|[{-~]|\p{P}"
 _CJK = "|".join(
     f"[{chr(first)}-{chr(last)}]"
     for first, last in (
-        (0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
-        (0x2B740, 0x2B81F), (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F),
+        (0x4E00, 0x9FFF),
+        (0x3400, 0x4DBF),
+        (0x20000, 0x2A6DF),
+        (0x2A700, 0x2B73F),
+        (0x2B740, 0x2B81F),
+        (0x2B820, 0x2CEAF),
+        (0xF900, 0xFAFF),
+        (0x2F800, 0x2FA1F),
     )
 )
 
@@ -137,21 +144,23 @@ def _word_pieces(tokenizer):
     """WordPiece over the tokenizer's vocabulary, behind its normalization and word split:
     `tokenizers`' own BERT normalizer and pre-tokenizer for kzoo's `BertTokenizer` (which
     follows them), keras-hub's rules written out for its `WordPieceTokenizer`."""
-    _refuse_options(
-        tokenizer, "WordPiece", sequence_length=tokenizer.sequence_length, split=not tokenizer.split
-    )
+    _refuse_options(tokenizer, "WordPiece", sequence_length=tokenizer.sequence_length, split=not tokenizer.split)
     vocabulary = tokenizer.get_vocabulary()
     bert = isinstance(tokenizer, BertTokenizer)
-    result = tokenizers.Tokenizer(models.WordPiece(
-        {token: i for i, token in enumerate(vocabulary)},
-        unk_token=tokenizer.oov_token,
-        continuing_subword_prefix=tokenizer.suffix_indicator,
-        max_input_chars_per_word=tokenizer.max_word_length if bert else 100,
-    ))
+    result = tokenizers.Tokenizer(
+        models.WordPiece(
+            {token: i for i, token in enumerate(vocabulary)},
+            unk_token=tokenizer.oov_token,
+            continuing_subword_prefix=tokenizer.suffix_indicator,
+            max_input_chars_per_word=tokenizer.max_word_length if bert else 100,
+        )
+    )
     if bert:
         result.normalizer = normalizers.BertNormalizer(
-            clean_text=True, handle_chinese_chars=tokenizer.split_on_cjk,
-            strip_accents=bool(tokenizer.strip_accents), lowercase=bool(tokenizer.lowercase),
+            clean_text=True,
+            handle_chinese_chars=tokenizer.split_on_cjk,
+            strip_accents=bool(tokenizer.strip_accents),
+            lowercase=bool(tokenizer.lowercase),
         )
         result.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         special_tokens = tokenizer.special_tokens
@@ -160,15 +169,21 @@ def _word_pieces(tokenizer):
         if tokenizer.strip_accents:
             steps += [normalizers.NFD(), normalizers.Replace(tokenizers.Regex(r"\p{Mn}"), "")]
         if tokenizer.lowercase:
-            steps += [normalizers.NFKC(), normalizers.Lowercase(), normalizers.Replace("ß", "ss"),
-                      normalizers.Replace("ς", "σ")]
+            steps += [
+                normalizers.NFKC(),
+                normalizers.Lowercase(),
+                normalizers.Replace("ß", "ss"),
+                normalizers.Replace("ς", "σ"),
+            ]
         if steps:
             result.normalizer = normalizers.Sequence(steps)
         kept = _WORD_PIECE_PUNCTUATION + (f"|{_CJK}" if tokenizer.split_on_cjk else "")
-        result.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(tokenizers.Regex(_WORD_PIECE_SPACE), behavior="removed"),
-            pre_tokenizers.Split(tokenizers.Regex(kept), behavior="isolated"),
-        ])
+        result.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(tokenizers.Regex(_WORD_PIECE_SPACE), behavior="removed"),
+                pre_tokenizers.Split(tokenizers.Regex(kept), behavior="isolated"),
+            ]
+        )
         special_tokens = tokenizer._special_tokens_for_splitting() or []
     # Matched in the raw text before anything else, as Keras matches them.
     result.add_special_tokens(
@@ -202,9 +217,9 @@ def _byte_pairs(tokenizer):
     result = tokenizers.Tokenizer(models.BPE(vocab=ids, merges=merges))
     result.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=tokenizer.add_prefix_space, use_regex=True)
     result.decoder = decoders.ByteLevel()
-    result.add_special_tokens([
-        tokenizers.AddedToken(token, special=True, normalized=False) for token in tokenizer.unsplittable_tokens or []
-    ])
+    result.add_special_tokens(
+        [tokenizers.AddedToken(token, special=True, normalized=False) for token in tokenizer.unsplittable_tokens or []]
+    )
     end_token_id = getattr(tokenizer, "end_token_id", None)
     if end_token_id is None:
         raise ValueError(

@@ -58,7 +58,7 @@ class ExportError(Exception):
 
 
 def tflite_file_name(tflite_format):
-    """"tflite_int8_dynamic" -> "model_int8_dynamic.tflite"."""
+    """ "tflite_int8_dynamic" -> "model_int8_dynamic.tflite"."""
     return f"model_{tflite_format.removeprefix('tflite_')}.tflite"
 
 
@@ -90,8 +90,9 @@ def export(
     on raw strings; see `ServingSignatures`), `model_<precision>.tflite` per TFLite format
     (builtin ops only; `prefill`/`decode` signatures for generation), for
     causal LMs with a tokenizer the LiteRT-LM bundles `model.litertlm` and
-    `model_int8.litertlm` (see `kzoo.export.litertlm`), and `export_report.json`. Each artifact is run on held-out inputs at sequence
-    lengths 1, 7 and the full length and compared with the Keras model:
+    `model_int8.litertlm` (see `kzoo.export.litertlm`), and `export_report.json`. Each
+    artifact is run on held-out inputs at sequence lengths 1, 7 and the full length and
+    compared with the Keras model:
 
     - float32 (SavedModel, tflite_fp32, litertlm): max |logit difference| <=
       `verification.fp32_tolerance` (1e-4 times the largest |logit|, at
@@ -163,8 +164,12 @@ def export(
     """
     formats = _check_formats(formats)
     _check_counts(
-        max_length=max_length, cache_length=cache_length, num_examples=num_examples,
-        num_representative=num_representative, generate_tokens=generate_tokens, latency_runs=latency_runs,
+        max_length=max_length,
+        cache_length=cache_length,
+        num_examples=num_examples,
+        num_representative=num_representative,
+        generate_tokens=generate_tokens,
+        latency_runs=latency_runs,
     )
     output_dir = _check_output_dir(output_dir, overwrite)
     _remove_stale_staging(output_dir)
@@ -406,9 +411,13 @@ def _load_tokenizer(directory, representative_data):
     except FileNotFoundError as error:
         if representative_data is None:
             return None
-        raise ExportError(f"Representative data {representative_data!r} needs the model's tokenizer: {error}") from error
+        raise ExportError(
+            f"Representative data {representative_data!r} needs the model's tokenizer: {error}"
+        ) from error
     except (ValueError, TypeError, KeyError) as error:  # a corrupt tokenizer.json (JSONDecodeError is a ValueError)
-        raise ExportError(f"Cannot read the tokenizer saved beside the model in {directory}: {type(error).__name__}: {error}") from error
+        raise ExportError(
+            f"Cannot read the tokenizer saved beside the model in {directory}: {type(error).__name__}: {error}"
+        ) from error
 
 
 def _export_data(name, model, tokenizer, data_dir, task, names, length, num_examples, num_representative, seed):
@@ -437,7 +446,9 @@ class _KerasReference:
         self.targets = self.full_logits.argmax(-1) if data.targets is None else data.targets
         self.quality = verification.quality(self.full_logits, self.targets, data.sample_weight)
         self.batch_one = {name: value[:1] for name, value in data.held_out.items()}
-        self.generation = _generation_cases(model, task, data, signatures, generate_tokens) if signatures.generates else None
+        self.generation = (
+            _generation_cases(model, task, data, signatures, generate_tokens) if signatures.generates else None
+        )
         self.text = _text_cases(model, task, data, signatures, generate_tokens) if signatures.text_signature else None
 
     def predict(self, inputs):
@@ -482,7 +493,9 @@ def _text_cases(model, task, data, signatures, generate_tokens):
             examples, tokenizer, max_length_of(model), len(texts), start_token_id=cls_id, end_token_id=sep_id
         )
         x, _ = next(iter(batches))
-        logits = call_model(model, input_names(model), {name: np.asarray(value).astype(np.int32) for name, value in x.items()})
+        logits = call_model(
+            model, input_names(model), {name: np.asarray(value).astype(np.int32) for name, value in x.items()}
+        )
         case["probabilities"] = keras.ops.convert_to_numpy(keras.ops.softmax(logits, axis=-1))
         return case
     prompts = [np.asarray(tokenizer(text)).tolist() for text in texts]
@@ -491,10 +504,13 @@ def _text_cases(model, task, data, signatures, generate_tokens):
         length = min(max(map(len, prompts)) + generate_tokens, limit)
         outputs = model.generate(prompts, max_length=length, jit_compile=False)
     else:
-        from kzoo.data.tokenizers import BOS_ID, EOS_ID
+        from kzoo.data.tokenizers import BOS_ID
+        from kzoo.data.tokenizers import EOS_ID
 
         sources = [prompt[:limit] for prompt in prompts]
-        outputs = model.generate(sources, BOS_ID, max_length=min(1 + generate_tokens, limit), stop_token_ids=[EOS_ID], jit_compile=False)
+        outputs = model.generate(
+            sources, BOS_ID, max_length=min(1 + generate_tokens, limit), stop_token_ids=[EOS_ID], jit_compile=False
+        )
         outputs = [[token for token in tokens if token not in (BOS_ID, EOS_ID)] for tokens in outputs]
     case["text"] = [_decode(tokenizer.detokenize(tokens)) for tokens in outputs]
     return case
@@ -516,7 +532,9 @@ def _verify(predict, checks):
     """`max_abs_diff` per checked length, and held-out quality, of a `predict` function."""
     logits = predict(checks.data.held_out)
     return {
-        "max_abs_diff": {str(n): verification.max_abs_diff(predict(checks.compared[n]), checks.logits[n]) for n in checks.lengths},
+        "max_abs_diff": {
+            str(n): verification.max_abs_diff(predict(checks.compared[n]), checks.logits[n]) for n in checks.lengths
+        },
         "tolerance": {str(n): verification.fp32_tolerance(checks.logits[n]) for n in checks.lengths},
         "quality": verification.quality(
             logits, checks.targets, checks.data.sample_weight, reference_logits=checks.full_logits
@@ -580,7 +598,9 @@ def _savedmodel_generation(generate, checks):
         sources = np.zeros((rows, max(len(s) for s in case["sources"])), np.int32)
         for i, source in enumerate(case["sources"]):
             sources[i, : len(source)] = source
-        outputs = generate(encoder_token_ids=tf.constant(sources), decoder_token_ids=tf.constant(prompts), stop_token_ids=stop)
+        outputs = generate(
+            encoder_token_ids=tf.constant(sources), decoder_token_ids=tf.constant(prompts), stop_token_ids=stop
+        )
     ids, mask = outputs["token_ids"].numpy(), outputs["padding_mask"].numpy().astype(bool)
     generated = [row[keep].tolist() for row, keep in zip(ids, mask)]
     return verification.compare_generations(generated, case["reference"], [len(p) for p in case["prompts"]])
@@ -593,12 +613,21 @@ def _savedmodel_text(signature, case):
     if "probabilities" in case:
         outputs = signature(text=texts)
         difference = verification.max_abs_diff(outputs["probabilities"].numpy(), case["probabilities"])
-        return {"texts": case["texts"], "max_abs_diff": difference, "matches_keras": difference <= verification.FP32_TOLERANCE}
+        return {
+            "texts": case["texts"],
+            "max_abs_diff": difference,
+            "matches_keras": difference <= verification.FP32_TOLERANCE,
+        }
     arguments = {"text": texts, "max_new_tokens": tf.constant(case["max_new_tokens"])}
     if "stop_token_ids" in signature.structured_input_signature[1]:
         arguments["stop_token_ids"] = tf.constant([], tf.int32)
     generated = [_decode(text) for text in signature(**arguments)["text"]]
-    return {"texts": case["texts"], "generated": generated, "keras": case["text"], "matches_keras": generated == case["text"]}
+    return {
+        "texts": case["texts"],
+        "generated": generated,
+        "keras": case["text"],
+        "matches_keras": generated == case["text"],
+    }
 
 
 def _export_tflite(context, tflite_format):
@@ -609,7 +638,9 @@ def _export_tflite(context, tflite_format):
         # Full integer files serve `serving_default` only: with `prefill` and
         # `decode` the quantizer stores a tied token table twice more.
         flatbuffer = convert(
-            signatures, tflite_format, _representative_dataset(checks.data) if full_integer else None,
+            signatures,
+            tflite_format,
+            _representative_dataset(checks.data) if full_integer else None,
             generation=not full_integer,
         )
     except Exception as error:  # the converter's errors carry its whole MLIR dump
@@ -640,13 +671,17 @@ def _export_tflite(context, tflite_format):
     }
     if tflite_format != "tflite_fp32":
         bound = context.bounds[tflite_format]
-        record["quality"]["cross_entropy_increase"] = record["quality"]["cross_entropy"] - checks.quality["cross_entropy"]
+        record["quality"]["cross_entropy_increase"] = (
+            record["quality"]["cross_entropy"] - checks.quality["cross_entropy"]
+        )
         record["quality"]["bound"] = bound
     if checks.generation and "decode" in runner.signatures:
         case, steps = checks.generation, []
         generated = [
             runner.generate(
-                prompt, case["max_length"], encoder_token_ids=None if case["sources"] is None else case["sources"][i],
+                prompt,
+                case["max_length"],
+                encoder_token_ids=None if case["sources"] is None else case["sources"][i],
                 on_step=lambda signature, inputs: steps.append((signature, inputs)),
             )
             for i, prompt in enumerate(case["prompts"])
@@ -672,9 +707,15 @@ def _export_litertlm(context, model, tokenizer, prefill_lengths):
     )
     try:
         return litertlm.export_bundles(
-            model, tokenizer, context.staging, reference, cache_length=context.signatures.cache_length,
-            lengths=prefill_lengths, generate_tokens=checks.generate_tokens,
-            quality_bound=context.bounds["litertlm_int8"], num_threads=LITERT_THREADS,
+            model,
+            tokenizer,
+            context.staging,
+            reference,
+            cache_length=context.signatures.cache_length,
+            lengths=prefill_lengths,
+            generate_tokens=checks.generate_tokens,
+            quality_bound=context.bounds["litertlm_int8"],
+            num_threads=LITERT_THREADS,
         )
     except ValueError as error:
         raise ExportError(f"litertlm: {error}") from error

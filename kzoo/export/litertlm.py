@@ -224,8 +224,18 @@ def write_bundle(path, tflite_model, tokenizer_json, metadata):
             builder.build(file)
 
 
-def export_bundles(model, tokenizer, folder, reference, *, cache_length, lengths=None, generate_tokens=32,
-                   quality_bound=0.05, num_threads=2):
+def export_bundles(
+    model,
+    tokenizer,
+    folder,
+    reference,
+    *,
+    cache_length,
+    lengths=None,
+    generate_tokens=32,
+    quality_bound=0.05,
+    num_threads=2,
+):
     """Writes `model.litertlm` (float32) and `model_int8.litertlm` (int8 weights, dynamic range)
     into `folder` and checks each in LiteRT-LM against the Keras model.
 
@@ -270,10 +280,12 @@ def export_bundles(model, tokenizer, folder, reference, *, cache_length, lengths
         path = Path(folder) / file_name
         write_bundle(path, flatbuffer, exported.tokenizer.to_str(), metadata)
         seconds = time.perf_counter() - start
-        logits = np.stack([
-            litertlm_model.teacher_forced_logits(flatbuffer, row[:positions], num_threads)
-            for row in reference.token_ids
-        ])
+        logits = np.stack(
+            [
+                litertlm_model.teacher_forced_logits(flatbuffer, row[:positions], num_threads)
+                for row in reference.token_ids
+            ]
+        )
         quality = verification.quality(logits, targets, weights, keras_logits)
         quality["keras_cross_entropy"] = keras_cross_entropy
         quality["cross_entropy_increase"] = quality["cross_entropy"] - keras_cross_entropy
@@ -341,18 +353,24 @@ def _generation_cases(model, tokenizer, reference, signatures, exported, generat
                 break
             cut = cut[: max(1, len(cut) - (len(start) + len(ids) - longest))]
         new = min(new_tokens, cache_length - len(start) - len(ids))
-        output = model.generate([start + ids], max_length=len(start) + len(ids) + new,
-                                stop_token_ids=exported.stop_token_ids, jit_compile=False)[0]
-        generated = output[len(start) + len(ids):]
+        output = model.generate(
+            [start + ids],
+            max_length=len(start) + len(ids) + new,
+            stop_token_ids=exported.stop_token_ids,
+            jit_compile=False,
+        )[0]
+        generated = output[len(start) + len(ids) :]
         if generated and generated[-1] in exported.stop_token_ids:
             generated = generated[:-1]  # the runtime does not return the stop token
-        cases.append({
-            "prompt": text,
-            "prompt_ids": ids,
-            "new_tokens": new,
-            "keras_ids": [int(token) for token in generated],
-            "keras": _text(tokenizer.detokenize(generated)) if generated else "",
-        })
+        cases.append(
+            {
+                "prompt": text,
+                "prompt_ids": ids,
+                "new_tokens": new,
+                "keras_ids": [int(token) for token in generated],
+                "keras": _text(tokenizer.detokenize(generated)) if generated else "",
+            }
+        )
     return cases
 
 
@@ -364,10 +382,14 @@ def _run_cases(runtime, cases):
         runtime_ids = runtime.tokenize(case["prompt"])
         tokenizer_matches &= runtime_ids == case["prompt_ids"]
         text, timing = runtime.timed_generate(case["prompt"], case["new_tokens"], top_k=1)
-        results.append({
-            "prompt_tokens": len(case["prompt_ids"]), "new_tokens": case["new_tokens"],
-            "keras": case["keras"], "litertlm": text,
-        })
+        results.append(
+            {
+                "prompt_tokens": len(case["prompt_ids"]),
+                "new_tokens": case["new_tokens"],
+                "keras": case["keras"],
+                "litertlm": text,
+            }
+        )
         generated_ids.append(runtime.tokenize(text) if text else [])
         reference_ids.append(case["keras_ids"])
         if timing["decode_tokens_per_second"] > 0:

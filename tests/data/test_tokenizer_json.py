@@ -21,7 +21,9 @@ from kzoo.models.hf_tokenizer import BertTokenizer
 CHARACTER_TOKENIZERS = {
     "kzoo 128": lambda: data.character_tokenizer(128),
     "kzoo 256": lambda: data.CharacterTokenizer(256),
-    "keras-hub clamping 128": lambda: keras_hub.tokenizers.UnicodeCodepointTokenizer(vocabulary_size=128, lowercase=False),
+    "keras-hub clamping 128": lambda: keras_hub.tokenizers.UnicodeCodepointTokenizer(
+        vocabulary_size=128, lowercase=False
+    ),
 }
 
 

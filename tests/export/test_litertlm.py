@@ -39,8 +39,13 @@ def exported(tmp_path_factory):
     build("gpt", vocabulary_size=128, max_sequence_length=MAX_LENGTH).save(folder / "model.keras")
     data.save_tokenizer(data.character_tokenizer(128), folder)
     report = export.export(
-        folder / "model.keras", folder / "export", formats=["litertlm"], cache_length=CACHE_LENGTH,
-        num_examples=4, latency_runs=1, generate_tokens=8,
+        folder / "model.keras",
+        folder / "export",
+        formats=["litertlm"],
+        cache_length=CACHE_LENGTH,
+        num_examples=4,
+        latency_runs=1,
+        generate_tokens=8,
     )
     return folder, report
 
@@ -57,7 +62,7 @@ def keras_greedy_text(folder, prompt, new_tokens):
     tokenizer = data.load_tokenizer(folder)
     ids = np.asarray(tokenizer(prompt)).tolist()
     output = lm.generate([ids], max_length=len(ids) + new_tokens, stop_token_ids=[0], jit_compile=False)[0]
-    return tokenizer.detokenize(output[len(ids):])
+    return tokenizer.detokenize(output[len(ids) :])
 
 
 def test_greedy_text_in_the_runtime_equals_keras_generate(exported, runtime):
@@ -75,7 +80,11 @@ def test_greedy_text_in_the_runtime_equals_keras_generate(exported, runtime):
 def test_characters_outside_the_vocabulary_are_the_unknown_id_in_both(exported, runtime):
     folder, _ = exported
     prompt = "Hi 😀 ÿ"
-    assert runtime.tokenize(prompt) == [72, 105, 32, 26, 32, 26] == np.asarray(data.load_tokenizer(folder)(prompt)).tolist()
+    assert (
+        runtime.tokenize(prompt)
+        == [72, 105, 32, 26, 32, 26]
+        == np.asarray(data.load_tokenizer(folder)(prompt)).tolist()
+    )
     assert runtime.generate(prompt, 6, top_k=1) == keras_greedy_text(folder, prompt, 6)
 
 
@@ -125,7 +134,9 @@ def test_int8_bundle_is_smaller_and_its_change_is_reported(exported):
     assert int8["quality"]["cross_entropy_increase"] <= int8["quality"]["bound"] == 0.05
     assert 0 <= int8["generation"]["token_agreement"] <= 1 and int8["tokenizer"]["matches_keras"]
     assert sorted(path.name for path in (folder / "export").iterdir()) == [
-        "export_report.json", "model.litertlm", "model_int8.litertlm",
+        "export_report.json",
+        "model.litertlm",
+        "model_int8.litertlm",
     ]
 
 
@@ -165,15 +176,31 @@ def test_serve_streams_the_greedy_text_without_tensorflow(exported):
     folder, _ = exported
     bundle, script = folder / "export" / "model.litertlm", REPOSITORY / "export" / "serve_litertlm.py"
     result = subprocess.run(
-        [sys.executable, "-c", _RUN_WITHOUT_TENSORFLOW, script, bundle, "--prompt", "ROMEO:", "--max-new-tokens", "12", "--greedy"],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+        [
+            sys.executable,
+            "-c",
+            _RUN_WITHOUT_TENSORFLOW,
+            script,
+            bundle,
+            "--prompt",
+            "ROMEO:",
+            "--max-new-tokens",
+            "12",
+            "--greedy",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout == "ROMEO:" + keras_greedy_text(folder, "ROMEO:", 12) + "\n"
 
     bad = subprocess.run(
         [sys.executable, script, bundle, "--prompt", "ROMEO:", "--max-new-tokens", "100"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert bad.returncode == 1 and "serve failed: `max_new_tokens` must be in [1, 26]" in bad.stderr
 
@@ -206,7 +233,10 @@ def test_litertlm_applies_only_to_causal_lms_with_a_tokenizer(tmp_path):
         export.export(build("gpt"), tmp_path / "gpt", formats=["litertlm"])
     assert "litertlm" in export.DEFAULT_FORMATS
     assert exporter._check_litertlm(list(export.DEFAULT_FORMATS), "classifier", None, explicit=False) == [
-        "savedmodel", "tflite_fp32", "tflite_fp16", "tflite_int8_dynamic",
+        "savedmodel",
+        "tflite_fp32",
+        "tflite_fp16",
+        "tflite_int8_dynamic",
     ]
     assert list(tmp_path.iterdir()) == []
 
@@ -222,7 +252,9 @@ def test_a_bundle_that_does_not_verify_is_not_written(tmp_path, monkeypatch):
 
     monkeypatch.setattr(litertlm_model.LiteRTLMModel, "timed_generate", off_by_one)
     with pytest.raises(export.ExportError, match="litertlm: greedy generation differs from Keras"):
-        export.export(tmp_path / "model.keras", tmp_path / "out", formats=["litertlm"], num_examples=2, generate_tokens=4)
+        export.export(
+            tmp_path / "model.keras", tmp_path / "out", formats=["litertlm"], num_examples=2, generate_tokens=4
+        )
     assert not (tmp_path / "out").exists()
 
 
@@ -232,8 +264,13 @@ def test_the_float32_tolerance_scales_with_the_logits():
     # A model with logits near 40 may differ by 1.2e-4 (a seq2seq export with embeddings scaled
     # 8x failed an absolute 1e-4 at 1.17e-4); one with logits near 1 may not.
     record = {"quality": {}, "max_abs_diff": {"7": 1.2e-4}}
-    assert exporter._failures("tflite_fp32", {**record, "tolerance": {"7": verification.fp32_tolerance(np.array([40.0]))}}) == []
-    assert exporter._failures("tflite_fp32", {**record, "tolerance": {"7": verification.fp32_tolerance(np.array([1.0]))}})
+    assert (
+        exporter._failures("tflite_fp32", {**record, "tolerance": {"7": verification.fp32_tolerance(np.array([40.0]))}})
+        == []
+    )
+    assert exporter._failures(
+        "tflite_fp32", {**record, "tolerance": {"7": verification.fp32_tolerance(np.array([1.0]))}}
+    )
 
 
 def test_each_weight_is_stored_once(exported):
@@ -295,8 +332,13 @@ def subword_bundle(request, tmp_path_factory):
     backbone = build("gpt", vocabulary_size=tokenizer.vocabulary_size(), max_sequence_length=MAX_LENGTH).backbone
     models.GPTCausalLM(backbone, tokenizer=tokenizer).save(folder / "model.keras")
     report = export.export(
-        folder / "model.keras", folder / "export", formats=["litertlm"], cache_length=MAX_LENGTH,
-        num_examples=4, latency_runs=1, generate_tokens=8,
+        folder / "model.keras",
+        folder / "export",
+        formats=["litertlm"],
+        cache_length=MAX_LENGTH,
+        num_examples=4,
+        latency_runs=1,
+        generate_tokens=8,
     )
     lm = keras.saving.load_model(folder / "model.keras")
     runtime = litertlm_model.LiteRTLMModel(folder / "export" / "model.litertlm")
@@ -323,8 +365,9 @@ def test_subword_bundles_give_keras_greedy_tokens(subword_bundle):
         ids = np.asarray(tokenizer(prompt)).tolist()
         assert runtime.tokenize(prompt) == ids, prompt
         new = min(10, MAX_LENGTH - len(start) - len(ids))
-        output = lm.generate([start + ids], max_length=len(start) + len(ids) + new, stop_token_ids=stop[0],
-                             jit_compile=False)[0][len(start) + len(ids):]
+        output = lm.generate(
+            [start + ids], max_length=len(start) + len(ids) + new, stop_token_ids=stop[0], jit_compile=False
+        )[0][len(start) + len(ids) :]
         output = output[:-1] if output[-1] in stop[0] else output
         streamed = list(runtime.stream(prompt, new, top_k=1))
         expected = loaded.decode(output, skip_special_tokens=False)
@@ -343,7 +386,7 @@ def test_a_translation_prompt_written_as_text_is_the_conditional_lm_prompt(subwo
     for source in ("How are you?", "¿Dónde está Tom?"):
         (ids,) = data.conditional_lm_prompts([source], lm.tokenizer, MAX_LENGTH)
         assert ids[-1] == SEP_ID and runtime.tokenize(f"{source} [SEP]") == ids
-        output = lm.generate([ids], max_length=MAX_LENGTH, stop_token_ids=[EOS_ID], jit_compile=False)[0][len(ids):]
+        output = lm.generate([ids], max_length=MAX_LENGTH, stop_token_ids=[EOS_ID], jit_compile=False)[0][len(ids) :]
         output = output[:-1] if output[-1] == EOS_ID else output
         assert runtime.generate(f"{source} [SEP]", MAX_LENGTH - len(ids), top_k=1) == lm.tokenizer.detokenize(output)
 

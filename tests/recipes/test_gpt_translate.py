@@ -19,7 +19,10 @@ def test_translates_the_test_pairs_and_prints_bleu_beside_seq2seq(run_recipe, tm
     seq2seq_run = tmp_path / "seq2seq_run"
     seq2seq_run.mkdir()
     seq2seq_metrics = {"test_bleu": 12.5, "validation_loss": 2.5, "test_examples": 9, "parameters": 1000}
-    seq2seq_record = {"recipe": "seq2seq_translate", "settings": {"preset": "transformer_tiny", "dataset": "kzoo_spa_eng"}}
+    seq2seq_record = {
+        "recipe": "seq2seq_translate",
+        "settings": {"preset": "transformer_tiny", "dataset": "kzoo_spa_eng"},
+    }
     (seq2seq_run / "metrics.json").write_text(json.dumps({**seq2seq_record, "metrics": seq2seq_metrics}))
 
     # 9 test pairs in batches of 4: the last batch is filled up.
@@ -58,7 +61,11 @@ def test_the_exported_bundle_translates_in_litertlm_as_keras_does(run_recipe):
     greedy tokens are those of Keras' `generate` (the recipe's `translate`), one by one."""
     output_dir, record = run_recipe(gpt_translate)
     report = export.export(
-        output_dir / "model.keras", output_dir / "export", formats=["litertlm"], num_examples=4, latency_runs=1,
+        output_dir / "model.keras",
+        output_dir / "export",
+        formats=["litertlm"],
+        num_examples=4,
+        latency_runs=1,
         generate_tokens=8,
     )
     assert report["artifacts"]["litertlm"]["generation"]["matches_keras"]
@@ -73,7 +80,7 @@ def test_the_exported_bundle_translates_in_litertlm_as_keras_does(run_recipe):
         for source, translation in zip(sources, translations):
             (prompt,) = kzoo.data.conditional_lm_prompts([source], tokenizer, length)
             assert runtime.tokenize(f"{source} [SEP]") == prompt
-            ids = lm.generate([prompt], max_length=length, stop_token_ids=[EOS_ID], jit_compile=False)[0][len(prompt):]
+            ids = lm.generate([prompt], max_length=length, stop_token_ids=[EOS_ID], jit_compile=False)[0][len(prompt) :]
             ids = ids[:-1] if ids[-1] == EOS_ID else ids
             text = [hugging_face.decode(ids[:i], skip_special_tokens=False) for i in range(len(ids) + 1)]
             streamed = list(runtime.stream(f"{source} [SEP]", length - len(prompt), top_k=1))
