@@ -91,14 +91,14 @@ def train_tagger(args, run, task):
     sentences = [b" ".join(words).decode("utf-8") for words, _ in splits["train"].as_numpy_iterator()]
     backbone, tokenizer = _bert.backbone_and_tokenizer(args, run, sentences, lowercase=False)
 
-    def batches(split, **shuffle):
+    def batches(split, bucket_boundaries=_common.bucket_boundaries(args), **shuffle):
         return kzoo.data.tagging_batches(
             splits[split],
             tokenizer,
             args.sequence_length,
             args.batch_size,
             label_piece=args.label_piece,
-            bucket_boundaries=_common.bucket_boundaries(args),
+            bucket_boundaries=bucket_boundaries,
             **_common.bert_special_ids(tokenizer),
             **shuffle,
         )
@@ -113,12 +113,27 @@ def train_tagger(args, run, task):
     run.save(tagger, name=task)
 
     metrics = {f"{spec['validation']}_accuracy": history["val_accuracy"][-1]}
-    for split in spec.get("entity_splits", ()):
-        predicted = predict_word_tags(tagger, batches(split))
+    metrics.update(evaluate_entities(tagger, batches, splits, spec.get("entity_splits", ())))
+    return history, metrics, steps_per_epoch
+
+
+def evaluate_entities(tagger, batches, splits, split_names):
+    """`{"<split>_entity_{precision,recall,f1}"}` of `tagger` on each split in `split_names`.
+
+    Args:
+        tagger: a `BertTokenClassifier`.
+        batches: `batches(split, bucket_boundaries=...)`, the split's tagging batches.
+        splits: `{split: dataset of (words, tags)}`, the gold tags.
+        split_names: the splits to score.
+    """
+    metrics = {}
+    for split in split_names:
+        # Unbucketed: bucketing reorders the sentences, and predictions pair with the gold ones by position.
+        predicted = predict_word_tags(tagger, batches(split, bucket_boundaries=None))
         gold = [tags.tolist() for _, tags in splits[split].as_numpy_iterator()]
         scores = entity_scores(gold, predicted)
         metrics.update({f"{split}_entity_{name}": value for name, value in scores.items()})
-    return history, metrics, steps_per_epoch
+    return metrics
 
 
 def predict_word_tags(tagger, batches):

@@ -96,3 +96,46 @@ def test_entity_scores_need_span_and_type():
     predicted = [[1, 2, 0, 1], [3]]  # Right, wrong type, cut short (the rest counts as "O").
     scores = bert_tag.entity_scores(gold, predicted, names)
     assert scores == pytest.approx({"precision": 1 / 3, "recall": 1 / 3, "f1": 1 / 3})
+
+
+def test_entity_scores_pair_each_sentence_with_its_own_gold_tags(tfds_dir):
+    """Through the recipe's bucketed batches (bucketing reorders sentences), a tagger that
+    answers every sentence's gold tags scores entity F1 1: predictions meet their own gold."""
+    import _common
+    import numpy as np
+
+    import kzoo.data
+    from kzoo.models import hf_tokenizer
+    from tests.models import hf_folders
+
+    tokenizer = hf_tokenizer.load_tokenizer(hf_folders.minilm_dir())
+    splits = {"validation": kzoo.data.load("kzoo_wnut17", "validation", tfds_dir, as_supervised=True).take(300)}
+
+    def batches(split, bucket_boundaries=(16, 24, 32)):
+        return kzoo.data.tagging_batches(
+            splits[split],
+            tokenizer,
+            64,
+            16,
+            label_piece="first",
+            bucket_boundaries=bucket_boundaries,
+            **_common.bert_special_ids(tokenizer),
+        )
+
+    gold_by_ids = {}
+    for x, y, _ in batches("validation", bucket_boundaries=None):
+        for ids, tags in zip(x["token_ids"].numpy(), y.numpy()):
+            gold_by_ids[tuple(ids[ids > 0])] = tags[ids > 0]
+
+    class Oracle:
+        def predict_on_batch(self, x):
+            ids = np.asarray(x["token_ids"])
+            logits = np.zeros((*ids.shape, len(bert_tag.WNUT17_TAGS)), "float32")
+            for row, row_ids in enumerate(ids):
+                tags = gold_by_ids[tuple(row_ids[row_ids > 0])]
+                logits[row, np.arange(len(tags)), tags] = 1.0
+            return logits
+
+    assert [len(ids) for ids in gold_by_ids] != sorted(len(ids) for ids in gold_by_ids)  # bucketing would reorder
+    metrics = bert_tag.evaluate_entities(Oracle(), batches, splits, ["validation"])
+    assert metrics["validation_entity_f1"] > 0.99, metrics
