@@ -263,7 +263,10 @@ class Task(MultiWorkerTrainerMixin, keras.Model):
         if isinstance(config.get("backbone"), dict):
             config["backbone"] = keras.layers.deserialize(config["backbone"])
         if isinstance(config.get("tokenizer"), dict):
-            # Registers kzoo's tokenizer classes (and imports keras-hub) only when needed.
+            # Registers kzoo's tokenizer classes (and imports keras-hub) only when needed, so that
+            # a file reloads with `import kzoo` alone: the Hugging Face ones and the recipes'
+            # character tokenizer.
+            from kzoo.data import characters  # noqa: F401
             from kzoo.models import hf_tokenizer  # noqa: F401
 
             # The vocabulary comes after, from the file's assets (`load_assets`).

@@ -148,7 +148,6 @@ _GENERATE_TEXT = """
 import json, sys
 import keras
 import kzoo
-import kzoo.data
 lm = keras.saving.load_model(sys.argv[1])
 print(json.dumps(lm.generate(json.loads(sys.argv[2]), max_new_tokens=8)))
 """
