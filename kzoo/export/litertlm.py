@@ -87,6 +87,9 @@ class RuntimeSignatures:
         lengths: the prefill chunk lengths (`prefill_lengths`).
     """
 
+    # No `kzoo_model` metadata entry: the bundle's LlmMetadata describes the model.
+    info = None
+
     def __init__(self, model, cache_length, lengths=None):
         self.cache_length = cache_length
         self.prefill_lengths = prefill_lengths(cache_length, lengths)

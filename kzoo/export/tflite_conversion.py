@@ -37,7 +37,7 @@ def convert(signatures, tflite_format, representative_dataset=None, generation=T
 
     Returns:
         The flatbuffer (bytes), with `signatures.info` as its `kzoo_model` metadata (JSON)
-        where the signatures have one (`ServingSignatures`; not `litertlm.RuntimeSignatures`).
+        unless it is None (`litertlm.RuntimeSignatures`).
 
     Raises:
         tf.lite's `ConverterError` when an op has no builtin TFLite kernel
@@ -66,10 +66,9 @@ def convert(signatures, tflite_format, representative_dataset=None, generation=T
         # TF's calibrator still runs the deprecated tf.lite.Interpreter; kzoo runs LiteRT.
         warnings.filterwarnings("ignore", "(?s).*tf.lite.Interpreter is deprecated", UserWarning)
         flatbuffer = converter.convert()
-    info = getattr(signatures, "info", None)  # a LiteRT-LM model's metadata is the bundle's LlmMetadata
-    if info is None:
+    if signatures.info is None:
         return flatbuffer
-    return with_metadata(flatbuffer, INFO_NAME, json.dumps(info).encode("utf-8"))
+    return with_metadata(flatbuffer, INFO_NAME, json.dumps(signatures.info).encode("utf-8"))
 
 
 def with_metadata(flatbuffer, name, data):
