@@ -42,11 +42,11 @@ def build_models():
 
 def step_time(lm, index, repeats=50):
     """Median time of one compiled decode step at `index` with a 256-slot cache."""
-    cache = lm.empty_cache(1, LENGTH)
-    step = tf.function(lambda t, c, i: lm.call_with_cache(t, c, i)[0], jit_compile=True)
     token, position = tf.constant([[7]]), tf.constant(index)
-    step(token, cache, position)
-    return median_time(lambda: step(token, cache, position).numpy(), repeats)
+    _, state = lm.prefill(token, LENGTH)
+    step = tf.function(lambda t, s, i: lm.decode(t, s, i)[0], jit_compile=True)
+    step(token, state, position)
+    return median_time(lambda: step(token, state, position).numpy(), repeats)
 
 
 def main():

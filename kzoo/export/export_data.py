@@ -94,7 +94,7 @@ def dataset_data(
 
     from kzoo.export.serving_signatures import classifier_special_ids
 
-    # BERT inputs wrap their text in the tokenizer's [CLS] and [SEP] (kzoo's ids without them).
+    # BERT inputs wrap their text in the tokenizer's [CLS] and [SEP] (not wrapped without them).
     cls_id, sep_id = classifier_special_ids(tokenizer)
     special = {"start_token_id": cls_id, "end_token_id": sep_id}
     mask_id = getattr(tokenizer, "mask_token_id", None)

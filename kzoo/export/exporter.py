@@ -27,6 +27,7 @@ from kzoo.export.serving_signatures import check_cache_length
 from kzoo.export.serving_signatures import classifier_special_ids
 from kzoo.export.serving_signatures import input_names
 from kzoo.export.serving_signatures import max_length_of
+from kzoo.export.serving_signatures import seq2seq_special_ids
 from kzoo.export.serving_signatures import task_of
 from kzoo.export.serving_signatures import vocabulary_size_of
 from kzoo.export.tflite_conversion import TFLITE_FORMATS
@@ -504,14 +505,12 @@ def _text_cases(model, task, data, signatures, generate_tokens):
         length = min(max(map(len, prompts)) + generate_tokens, limit)
         outputs = model.generate(prompts, max_length=length, jit_compile=False)
     else:
-        from kzoo.data.tokenizers import BOS_ID
-        from kzoo.data.tokenizers import EOS_ID
-
+        bos_id, eos_id = seq2seq_special_ids(tokenizer)
         sources = [prompt[:limit] for prompt in prompts]
         outputs = model.generate(
-            sources, BOS_ID, max_length=min(1 + generate_tokens, limit), stop_token_ids=[EOS_ID], jit_compile=False
+            sources, bos_id, max_length=min(1 + generate_tokens, limit), stop_token_ids=[eos_id], jit_compile=False
         )
-        outputs = [[token for token in tokens if token not in (BOS_ID, EOS_ID)] for tokens in outputs]
+        outputs = [[token for token in tokens if token not in (bos_id, eos_id)] for tokens in outputs]
     case["text"] = [_decode(tokenizer.detokenize(tokens)) for tokens in outputs]
     return case
 

@@ -36,6 +36,7 @@ import tensorflow as tf
 
 from kzoo.export import litertlm_model
 from kzoo.export import verification
+from kzoo.export.serving_signatures import state_specs
 from kzoo.export.tflite_conversion import convert
 from kzoo.export.tflite_conversion import op_census
 from kzoo.models import TiedLogits
@@ -76,13 +77,15 @@ def prefill_lengths(cache_length, lengths=None):
 class RuntimeSignatures:
     """A causal LM's `prefill_<N>` and `decode` in LiteRT-LM's conventions (see the module docstring).
 
-    Built on the task's own serving interface, `empty_cache` and `call_with_cache`; the
-    attributes `tflite_conversion.convert` reads (`tflite_functions`, `trackable`,
-    `tied_embeddings`) make it convertible like `ServingSignatures`.
+    Built on the task's serving interface (`kzoo.models.generation`): every signature is
+    `model.decode` on the state, whose `key_cache_<i>` / `value_cache_<i>` entries take the
+    runtime's names `kv_cache_k_<i>` / `kv_cache_v_<i>`. The attributes
+    `tflite_conversion.convert` reads (`tflite_functions`, `trackable`, `tied_embeddings`)
+    make it convertible like `ServingSignatures`.
 
     Args:
-        model: a task with `empty_cache(batch_size, length)` and
-            `call_with_cache(token_ids, cache, cache_index) -> (logits, hidden, cache)`.
+        model: a task with the serving interface and no context besides the prompt (a
+            `GPTCausalLM`).
         cache_length: int, the KV cache positions: the bundle's `max_num_tokens`.
         lengths: the prefill chunk lengths (`prefill_lengths`).
     """
@@ -94,15 +97,15 @@ class RuntimeSignatures:
         self.cache_length = cache_length
         self.prefill_lengths = prefill_lengths(cache_length, lengths)
         self.tied_embeddings = any(isinstance(layer, TiedLogits) for layer in model.layers)
-        cache = model.empty_cache(1, cache_length)
-        specs = []
-        for i, (keys, values) in enumerate(cache):
-            specs += [
-                tf.TensorSpec(keys.shape, keys.dtype, name=f"kv_cache_k_{i}"),
-                tf.TensorSpec(values.shape, values.dtype, name=f"kv_cache_v_{i}"),
-            ]
-        self._functions = [_prefill(model, n, cache_length, specs) for n in self.prefill_lengths]
-        self._functions.append(_decode(model, specs))
+        prefill = tf.function(
+            lambda tokens: model.prefill(tokens, cache_length)[1], input_signature=[tf.TensorSpec([1, None], tf.int32)]
+        )
+        names, specs = [], []
+        for spec in state_specs(prefill):
+            names.append(spec.name)
+            specs.append(tf.TensorSpec(spec.shape, spec.dtype, name=runtime_name(spec.name)))
+        self._functions = [_prefill(model, n, cache_length, names, specs) for n in self.prefill_lengths]
+        self._functions.append(_decode(model, names, specs))
         self._concrete = [function.get_concrete_function() for function in self._functions]
         seen = set()
         self.variables = [v for f in self._concrete for v in f.variables if id(v) not in seen and not seen.add(id(v))]
@@ -118,31 +121,32 @@ class RuntimeSignatures:
         return root
 
 
-def _flatten(cache):
-    state = {}
-    for i, (keys, values) in enumerate(cache):
-        state[f"kv_cache_k_{i}"], state[f"kv_cache_v_{i}"] = keys, values
-    return state
+def runtime_name(name):
+    """A state entry's name in the runtime: `key_cache_3` -> `kv_cache_k_3`."""
+    kind, _, index = name.rpartition("_cache_")
+    return f"kv_cache_{kind[0]}_{index}"
 
 
-def _pair_up(tensors):
-    return tuple(zip(tensors[0::2], tensors[1::2]))
+def _step(model, tokens, index, names, cache):
+    """`model.decode` on the cache tensors of the state entries `names`: `(logits, {runtime
+    name: tensor})`."""
+    logits, state = model.decode(tokens, dict(zip(names, cache)), index)
+    return logits, {runtime_name(name): tensor for name, tensor in state.items()}
 
 
-def _prefill(model, length, cache_length, cache_specs):
+def _prefill(model, length, cache_length, names, cache_specs):
     def prefill(tokens, input_pos, *cache):
         # A slice of [0, cache_length) at the chunk's start: a chunk that would run past the
         # cache fails here, where the cache update would silently clamp its start.
         start = tf.slice(tf.range(cache_length), input_pos[:1], [length])[0]
-        _, _, cache = model.call_with_cache(tokens, _pair_up(cache), start)
-        return _flatten(cache)
+        return _step(model, tokens, start, names, cache)[1]
 
     prefill.__name__ = f"prefill_{length}"  # the signature's name in the TFLite file
     specs = [tf.TensorSpec([1, length], tf.int32, name="tokens"), tf.TensorSpec([length], tf.int32, name="input_pos")]
     return tf.function(prefill, input_signature=[*specs, *cache_specs])
 
 
-def _decode(model, cache_specs):
+def _decode(model, names, cache_specs):
     # Traced for a token count unknown to Keras, the step takes the same path as a prefill
     # chunk, so the converter derives the same constants from the weights for both and
     # stores them once (a one-token step otherwise multiplies by the query, key and value
@@ -152,8 +156,7 @@ def _decode(model, cache_specs):
 
     @tf.function(input_signature=step_specs)
     def step(tokens, index, *cache):
-        logits, _, cache = model.call_with_cache(tokens, _pair_up(cache), index)
-        return logits, _flatten(cache)
+        return _step(model, tokens, index, names, cache)
 
     def decode(tokens, input_pos, *cache):
         logits, cache = step(tokens, input_pos[0], *cache)
@@ -250,7 +253,7 @@ def export_bundles(
     results pass (`kzoo.export.export`: float32 must match, int8 stay within a quality bound).
 
     Args:
-        model: a `GPTCausalLM` (a task with `empty_cache`, `call_with_cache`, `generate`).
+        model: a `GPTCausalLM` (a task with the serving interface and `generate`).
         tokenizer: its keras-hub tokenizer (one `kzoo.data.tokenizer_json` writes).
         folder: where the two files go.
         reference: `Reference`, the held-out rows and what Keras gives for them.

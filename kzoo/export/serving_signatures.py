@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from kzoo import models
 from kzoo.models import TiedLogits
+from kzoo.models import generation
 from kzoo.samplers import GreedySampler
 
 # What `serving_default` returns per model class: "lm" logits only,
@@ -21,6 +22,9 @@ TASKS = {
     models.BiLSTMClassifier: "classifier",  # or "tagger": see `serving_task`
     models.BertTokenClassifier: "tagger",
 }
+
+# The tasks with the serving interface of `kzoo.models.generation` (`prefill`, `decode`).
+GENERATING = ("causal_lm", "seq2seq")
 
 # The signature that takes raw strings, per task, when the model carries a tokenizer.
 TEXT_SIGNATURES = {"classifier": "classify_text", "causal_lm": "generate_text", "seq2seq": "generate_text"}
@@ -65,16 +69,22 @@ def input_names(model):
 
 
 def classifier_special_ids(tokenizer):
-    """The `[CLS]` and `[SEP]` ids a classifier's text is wrapped in: the tokenizer's own
-    (a Hugging Face vocabulary has them at 101 and 102), else kzoo's."""
-    from kzoo.data.tokenizers import CLS_ID  # kzoo.data imports tensorflow-datasets: only here
-    from kzoo.data.tokenizers import SEP_ID  # kzoo.data imports tensorflow-datasets: only here
+    """The `[CLS]` and `[SEP]` ids a classifier's text is wrapped in, from the tokenizer (a
+    Hugging Face vocabulary has them at 101 and 102); `(None, None)` for a tokenizer without
+    them (a character tokenizer), whose text is not wrapped."""
     from kzoo.models import text_inputs
 
     try:
         return tuple(text_inputs.special_token_id(tokenizer, name) for name in ("cls_token", "sep_token"))
-    except ValueError:  # e.g. a character tokenizer
-        return CLS_ID, SEP_ID
+    except ValueError:
+        return None, None
+
+
+def seq2seq_special_ids(tokenizer):
+    """The `[BOS]` a seq2seq decoder starts from and the `[EOS]` it stops at, from the tokenizer."""
+    from kzoo.models import text_inputs
+
+    return tuple(text_inputs.special_token_id(tokenizer, name) for name in ("bos_token", "eos_token"))
 
 
 def check_cache_length(model, cache_length=None):
@@ -133,7 +143,7 @@ class ServingSignatures:
       length, stopping a row at any of `stop_token_ids`; returns `text`, the
       prompt and its continuation.
     - `generate_text` (Seq2SeqTransformer): the decoder starts from `[BOS]`
-      and stops at `[EOS]` (kzoo's WordPiece ids, as `kzoo.data.seq2seq_batches`
+      and stops at `[EOS]` (their ids in the tokenizer, as `kzoo.data.seq2seq_batches`
       trains) after at most `max_new_tokens`; returns `text`, the output
       without `[BOS]`/`[EOS]`.
 
@@ -269,153 +279,75 @@ def _signature_functions(model, task, names, cache_length):
 
     functions = {"serving_default": serving(None)}
     functions["tflite_serving_default"] = serving(1) if isinstance(model, RECURRENT) else functions["serving_default"]
-    if task == "causal_lm":
-        functions.update(_causal_lm_generation(model, cache_length))
-    elif task == "seq2seq":
-        functions.update(_seq2seq_generation(model, cache_length))
+    if task in GENERATING:
+        functions.update(_generation_functions(model, names, cache_length))
     return functions
 
 
-def _cache_specs(model, cache_length, prefix="", dynamic_length=False):
-    """TensorSpecs of a `(keys, values)` cache per block, named `{prefix}key_cache_i`,
-    `(1, heads, cache_length or None, head_dim)`."""
-    specs = []
-    for i, (keys, values) in enumerate(model.empty_cache(1, cache_length)):
-        for kind, part in (("key", keys), ("value", values)):
-            shape = [1, part.shape[1], None if dynamic_length else cache_length, part.shape[3]]
-            specs.append(tf.TensorSpec(shape, part.dtype, name=f"{prefix}{kind}_cache_{i}"))
-    return specs
+def state_specs(prefill):
+    """TensorSpecs of the decoding state that the `tf.function` `prefill` (with an input
+    signature) returns beside its "logits", named as the model names the entries (e.g.
+    `key_cache_0`); a length that depends on an input (a source's) stays dynamic."""
+    outputs = prefill.get_concrete_function().structured_outputs
+    return [tf.TensorSpec(t.shape, t.dtype, name=name) for name, t in sorted(outputs.items()) if name != "logits"]
 
 
-def _flatten_cache(cache, prefix=""):
-    """`{"key_cache_i": keys, "value_cache_i": values}` of a cache tuple."""
-    state = {}
-    for i, (keys, values) in enumerate(cache):
-        state[f"{prefix}key_cache_{i}"] = keys
-        state[f"{prefix}value_cache_{i}"] = values
-    return state
-
-
-def _pair_up(tensors):
-    """Flat `(k_0, v_0, k_1, v_1, ...)` -> `((k_0, v_0), (k_1, v_1), ...)`."""
-    return tuple(zip(tensors[0::2], tensors[1::2]))
-
-
-def _greedy_loop(sampler, start, step, token_ids, prompt_mask, stop_token_ids):
-    """Prefills the shortest prompt with `start(prefix, length) -> (logits, cache)`,
-    then decodes the rest with the `sampler`'s loop (a `GreedySampler`)."""
-    batch, length = tf.shape(token_ids)[0], tf.shape(token_ids)[1]
-    prefill = tf.reduce_min(tf.reduce_sum(tf.cast(prompt_mask, tf.int32), axis=1))
-    logits, cache = start(token_ids[:, :prefill], length)
-    noise = tf.zeros((length, batch))  # greedy draws no random numbers
-    token_ids, generated = sampler.run(
-        step,
-        token_ids,
-        prompt_mask=prompt_mask,
-        logits=logits,
-        cache=cache,
-        index=prefill,
-        stop_token_ids=stop_token_ids,
-        noise=noise,
-    )
-    return {"token_ids": token_ids, "padding_mask": tf.cast(tf.logical_or(generated, prompt_mask), tf.int32)}
-
-
-def _causal_lm_generation(model, cache_length):
+def _generation_functions(model, names, cache_length):
+    """`generate`, `prefill` and `decode`, all built on the model's serving interface
+    (`split_generation_inputs`, `prefill`, `decode`; see `kzoo.models.generation`)."""
     # Made outside the traced function: a sampler owns a (here unused) seed variable.
     sampler = GreedySampler()
     stop_spec = tf.TensorSpec([None], tf.int32, name="stop_token_ids")
 
-    @tf.function(input_signature=[_ids_spec("token_ids"), _ids_spec("padding_mask"), stop_spec])
-    def generate(token_ids, padding_mask, stop_token_ids):
-        def start(prefix, length):
-            cache = model.empty_cache(tf.shape(prefix)[0], length)
-            logits, _, cache = model.call_with_cache(prefix, cache, 0)
-            return logits[:, -1], cache
+    @tf.function(input_signature=[*(_ids_spec(name) for name in names), stop_spec])
+    def generate(*inputs):
+        *inputs, stop_token_ids = inputs
+        token_ids, prompt_mask, context = model.split_generation_inputs(dict(zip(names, inputs)))
+        prefill = tf.reduce_min(tf.reduce_sum(tf.cast(prompt_mask, tf.int32), axis=1))
+        noise = tf.zeros((tf.shape(token_ids)[1], tf.shape(token_ids)[0]))  # greedy draws no random numbers
+        token_ids, generated = generation.decode_loop(
+            model, sampler, token_ids, prompt_mask, prefill, stop_token_ids, noise, context
+        )
+        return {"token_ids": token_ids, "padding_mask": tf.cast(tf.logical_or(generated, prompt_mask), tf.int32)}
 
-        def step(token, cache, index):
-            logits, _, cache = model.call_with_cache(token, cache, index)
-            return logits[:, -1], cache
+    # TFLite's prefill takes the prompt alone (batch 1, no padding) and the context, under the
+    # model's input names.
+    prompt_name, context_names = _prompt_and_context_names(model, names)
+    prefill_names = [*context_names, prompt_name]
 
-        return _greedy_loop(sampler, start, step, token_ids, tf.cast(padding_mask, tf.bool), stop_token_ids)
+    @tf.function(input_signature=[_ids_spec(name, 1) for name in prefill_names])
+    def prefill(*inputs):
+        *context, prompt = inputs
+        logits, state = model.prefill(prompt, cache_length, **dict(zip(context_names, context)))
+        return {"logits": logits[:, -1], **state}
 
-    @tf.function(input_signature=[_ids_spec("token_ids", 1)])
-    def prefill(token_ids):
-        logits, _, cache = model.call_with_cache(token_ids, model.empty_cache(1, cache_length), 0)
-        return {"logits": logits[:, -1], **_flatten_cache(cache)}
+    specs = state_specs(prefill)
+    fixed_specs = [_ids_spec("token_ids", 1, 1), tf.TensorSpec([], tf.int32, name="cache_index")]
 
-    index_spec = tf.TensorSpec([], tf.int32, name="cache_index")
-
-    @tf.function(input_signature=[_ids_spec("token_ids", 1, 1), index_spec, *_cache_specs(model, cache_length)])
-    def decode(token_ids, cache_index, *cache):
-        logits, _, cache = model.call_with_cache(token_ids, _pair_up(cache), cache_index)
-        return {"logits": logits[:, -1], **_flatten_cache(cache)}
+    @tf.function(input_signature=[*fixed_specs, *specs])
+    def decode(token_ids, cache_index, *state):
+        state = {spec.name: tensor for spec, tensor in zip(specs, state)}
+        logits, new_state = model.decode(token_ids, state, cache_index)
+        # What the step only reads (a seq2seq model's cross-attention caches) is not an output:
+        # the caller passes its input on.
+        updated = {name: tensor for name, tensor in new_state.items() if tensor is not state[name]}
+        return {"logits": logits[:, -1], **updated}
 
     return {"generate": generate, "prefill": prefill, "decode": decode}
 
 
-def _seq2seq_generation(model, cache_length):
-    # Made outside the traced function: a sampler owns a (here unused) seed variable.
-    sampler = GreedySampler()
-    stop_spec = tf.TensorSpec([None], tf.int32, name="stop_token_ids")
-
-    @tf.function(input_signature=[_ids_spec("encoder_token_ids"), _ids_spec("decoder_token_ids"), stop_spec])
-    def generate(encoder_token_ids, decoder_token_ids, stop_token_ids):
-        encoder_output, encoder_mask = model.encode(encoder_token_ids)
-
-        def start(prefix, length):
-            cache = model.empty_cache(tf.shape(prefix)[0], length)
-            logits, _, cache, cross_cache = model.call_decoder_with_cache(
-                encoder_output, encoder_mask, prefix, cache, 0
-            )
-            return logits[:, -1], (cache, cross_cache)
-
-        def step(token, caches, index):
-            cache, cross_cache = caches
-            logits, _, cache, _ = model.call_decoder_with_cache(None, encoder_mask, token, cache, index, cross_cache)
-            return logits[:, -1], (cache, cross_cache)
-
-        prompt_mask = tf.not_equal(decoder_token_ids, 0)  # id 0 is padding
-        return _greedy_loop(sampler, start, step, decoder_token_ids, prompt_mask, stop_token_ids)
-
-    @tf.function(input_signature=[_ids_spec("encoder_token_ids", 1), _ids_spec("decoder_token_ids", 1)])
-    def prefill(encoder_token_ids, decoder_token_ids):
-        encoder_output, encoder_mask = model.encode(encoder_token_ids)
-        logits, _, cache, cross_cache = model.call_decoder_with_cache(
-            encoder_output, encoder_mask, decoder_token_ids, model.empty_cache(1, cache_length), 0
-        )
-        return {
-            "logits": logits[:, -1],
-            "encoder_padding_mask": tf.cast(encoder_mask, tf.int32),
-            **_flatten_cache(cache),
-            **_flatten_cache(cross_cache, "cross_"),
-        }
-
-    self_specs = _cache_specs(model, cache_length)
-    cross_specs = _cache_specs(model, cache_length, prefix="cross_", dynamic_length=True)  # (1, h, S, d/h)
-    fixed_specs = [
-        _ids_spec("token_ids", 1, 1),
-        tf.TensorSpec([], tf.int32, name="cache_index"),
-        _ids_spec("encoder_padding_mask", 1),
-    ]
-
-    @tf.function(input_signature=[*fixed_specs, *self_specs, *cross_specs])
-    def decode(token_ids, cache_index, encoder_padding_mask, *caches):
-        cache, cross_cache = _pair_up(caches[: len(self_specs)]), _pair_up(caches[len(self_specs) :])
-        logits, _, cache, _ = model.call_decoder_with_cache(
-            None, tf.cast(encoder_padding_mask, tf.bool), token_ids, cache, cache_index, cross_cache
-        )
-        return {"logits": logits[:, -1], **_flatten_cache(cache)}
-
-    return {"generate": generate, "prefill": prefill, "decode": decode}
+def _prompt_and_context_names(model, names):
+    """The name of the prompt among the model's inputs and the names of `prefill`'s context."""
+    symbolic = {name: tf.zeros([1, 1], tf.int32) for name in names}
+    prompt, _, context = model.split_generation_inputs(symbolic)
+    prompt_name = next(name for name, tensor in symbolic.items() if tensor is prompt)
+    return prompt_name, [name for name in names if name in context]
 
 
 def _text_function(model, task, names, functions, tokenizer):
     """The signature of `task` that takes raw strings (see `ServingSignatures`)."""
     # kzoo.data imports tensorflow-datasets: only here.
     from kzoo.data.pipelines import tokenize
-    from kzoo.data.tokenizers import BOS_ID
-    from kzoo.data.tokenizers import EOS_ID
 
     max_length = max_length_of(model)
     text_spec = tf.TensorSpec([None], tf.string, name="text")
@@ -433,11 +365,14 @@ def _text_function(model, task, names, functions, tokenizer):
     if task == "classifier":
         cls_id, sep_id = classifier_special_ids(tokenizer)
 
+        wrap = [token for token in (cls_id, sep_id) if token is not None]
+
         @tf.function(input_signature=[text_spec])
         def classify_text(text):
-            ids = token_ids(text)[:, : max_length - 2]
+            ids = token_ids(text)[:, : max_length - len(wrap)]
             column = tf.ones([ids.nrows(), 1], tf.int32)
-            ids = tf.concat([column * cls_id, ids, column * sep_id], axis=1).to_tensor()  # (B, T)
+            start, end = ([column * cls_id], [column * sep_id]) if wrap else ([], [])
+            ids = tf.concat([*start, ids, *end], axis=1).to_tensor()  # (B, T)
             inputs = {"token_ids": ids, "segment_ids": tf.zeros_like(ids), "padding_mask": tf.cast(ids != 0, tf.int32)}
             logits = call_model(model, names, inputs)
             return {
@@ -448,7 +383,8 @@ def _text_function(model, task, names, functions, tokenizer):
 
         return classify_text
 
-    generate = functions["generate"]
+    def generate(stop_token_ids, **inputs):  # the `generate` signature, with its inputs by name
+        return functions["generate"](*(inputs[name] for name in names), stop_token_ids)
 
     if task == "causal_lm":
         stop_spec = tf.TensorSpec([None], tf.int32, name="stop_token_ids")
@@ -479,15 +415,17 @@ def _text_function(model, task, names, functions, tokenizer):
 
         return generate_text
 
+    bos_id, eos_id = seq2seq_special_ids(tokenizer)
+
     @tf.function(input_signature=[text_spec, new_tokens_spec])
     def generate_seq2seq_text(text, max_new_tokens):
         sources = token_ids(text)[:, :max_length].to_tensor()
         with tf.control_dependencies([check_new_tokens(max_new_tokens)]):
             length = tf.minimum(1 + max_new_tokens, max_length)
-        starts = tf.pad(tf.fill([tf.shape(sources)[0], 1], BOS_ID), [[0, 0], [0, length - 1]])  # [BOS] 0 0 ...
-        outputs = generate(encoder_token_ids=sources, decoder_token_ids=starts, stop_token_ids=tf.constant([EOS_ID]))
+        starts = tf.pad(tf.fill([tf.shape(sources)[0], 1], bos_id), [[0, 0], [0, length - 1]])  # [BOS] 0 0 ...
+        outputs = generate(encoder_token_ids=sources, decoder_token_ids=starts, stop_token_ids=tf.constant([eos_id]))
         ids = outputs["token_ids"]
-        keep = (outputs["padding_mask"] > 0) & (ids != BOS_ID) & (ids != EOS_ID)
+        keep = (outputs["padding_mask"] > 0) & (ids != bos_id) & (ids != eos_id)
         return {"text": detokenize(ids, keep)}
 
     return generate_seq2seq_text

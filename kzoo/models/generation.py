@@ -1,9 +1,13 @@
 """The shared `generate()` machinery of the language models.
 
-A model provides a prefill and a one-token step against its KV cache; this
-module validates and packs the prompts, draws the sampler's noise, and runs
-the decode loop in one compiled function per (batch size, length, prefill
-length) that is reused across calls.
+A generating task has one serving interface: `prefill(token_ids, cache_length,
+**context) -> (logits, state)` runs a prompt into a new decoding state and
+`decode(token_ids, state, index) -> (logits, state)` runs more tokens against it,
+where `state` is a dict of named tensors (the KV cache). `decode_loop` runs them
+under a sampler; Keras `generate` (here) and the SavedModel's `generate` signature
+both call it, and the TFLite and LiteRT-LM signatures wrap the same two methods.
+This module also validates and packs the prompts, draws the sampler's noise, and
+keeps one compiled loop per (batch size, length, prefill length) across calls.
 """
 
 import numbers
@@ -164,20 +168,65 @@ def resolve(sampler, stop_token_ids):
     return sampler, stop
 
 
-def generate(
-    model, start, prompts, *, max_length, max_new_tokens, sampler, stop_token_ids, jit_compile, limit, inputs=()
-):
-    """Packs `prompts`, runs the compiled decode loop and unpacks the result.
+def cache_state(caches, prefix=""):
+    """`{prefix}key_cache_<i>` and `{prefix}value_cache_<i>` of a `(keys, values)` pair per block."""
+    state = {}
+    for i, (keys, values) in enumerate(caches):
+        state[f"{prefix}key_cache_{i}"], state[f"{prefix}value_cache_{i}"] = keys, values
+    return state
+
+
+def cache_pairs(state, prefix=""):
+    """The `(keys, values)` pairs of `cache_state`'s dict, in block order."""
+    count = sum(1 for name in state if name.startswith(f"{prefix}key_cache_"))
+    return [(state[f"{prefix}key_cache_{i}"], state[f"{prefix}value_cache_{i}"]) for i in range(count)]
+
+
+def decode_loop(model, sampler, token_ids, prompt_mask, prefill, stop_token_ids, noise, context=None):
+    """Prefills the first `prefill` positions of every row, then lets `sampler` decode the rest.
+
+    Rows with longer prompts keep their prompt tokens until those end (the
+    sampler reads `prompt_mask`).
 
     Args:
-        model: the model; its compiled functions are cached on it.
-        start: `start(prompt_ids (B, P), length, *inputs) -> (logits (B, V),
-            cache, step)`, run inside the compiled function: the prefill of
-            the first P prompt tokens into a cache of `length` positions, and
-            the one-token step `step(token (B, 1), cache, index) -> (logits,
-            cache)` the loop calls.
+        model: a task with the serving interface (`prefill`, `decode`).
+        sampler: a `kzoo.samplers.Sampler`.
+        token_ids: int `(B, L)`, prompts right-padded to the total length L.
+        prompt_mask: bool `(B, L)`, True on prompt tokens.
+        prefill: int or scalar int tensor in [1, shortest prompt].
+        stop_token_ids: int `(N,)`, possibly empty.
+        noise: the sampler's noise `(L, B)`.
+        context: `prefill`'s other arguments (a seq2seq model's source).
+
+    Returns:
+        `(token_ids (B, L), generated (B, L) bool)`.
+    """
+    logits, state = model.prefill(token_ids[:, :prefill], ops.shape(token_ids)[1], **(context or {}))
+
+    def step(token, state, index):
+        logits, state = model.decode(token, state, index)
+        return logits[:, -1], state
+
+    return sampler.run(
+        step,
+        token_ids,
+        prompt_mask=prompt_mask,
+        logits=logits[:, -1],
+        cache=state,
+        index=prefill,
+        stop_token_ids=stop_token_ids,
+        noise=noise,
+    )
+
+
+def generate(model, prompts, *, max_length, max_new_tokens, sampler, stop_token_ids, jit_compile, limit, context=None):
+    """Packs `prompts`, runs the compiled `decode_loop` and unpacks the result.
+
+    Args:
+        model: a task with the serving interface; its compiled functions are
+            cached on it.
         limit: the model's maximum sequence length.
-        inputs: more tensors for `start` (a seq2seq model's source ids).
+        context: `prefill`'s other arguments (a seq2seq model's source ids).
         Others: as in `GPTCausalLM.generate`.
     """
     check_generate_arguments(model, prompts, max_length, max_new_tokens, stop_token_ids)
@@ -189,19 +238,9 @@ def generate(
     key = (batch, length, prefill, sampler_key(sampler), jit_compile)
     if key not in functions:
 
-        def decode(token_ids, prompt_mask, stop_token_ids, noise, *inputs):
-            logits, cache, step = start(token_ids[:, :prefill], length, *inputs)
-            return sampler.run(
-                step,
-                token_ids,
-                prompt_mask=prompt_mask,
-                logits=logits,
-                cache=cache,
-                index=prefill,
-                stop_token_ids=stop_token_ids,
-                noise=noise,
-            )
+        def decode(token_ids, prompt_mask, stop_token_ids, noise, context):
+            return decode_loop(model, sampler, token_ids, prompt_mask, prefill, stop_token_ids, noise, context)
 
         functions[key] = compile_function(decode, jit_compile)
-    ids, generated = functions[key](token_ids, prompt_mask, stop, sampler.noise(length, batch), *inputs)
+    ids, generated = functions[key](token_ids, prompt_mask, stop, sampler.noise(length, batch), context or {})
     return unpack(ids, generated, prompt_mask, ragged)

@@ -9,7 +9,14 @@ import tensorflow as tf
 
 # Where a tokenizer has no `<name>_id` attribute (kzoo's WordPiece vocabularies, keras-hub's
 # plain WordPieceTokenizer), these tokens name the special ids.
-_SPECIAL_TOKENS = {"cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]", "mask_token": "[MASK]"}
+_SPECIAL_TOKENS = {
+    "cls_token": "[CLS]",
+    "sep_token": "[SEP]",
+    "pad_token": "[PAD]",
+    "mask_token": "[MASK]",
+    "bos_token": "[BOS]",
+    "eos_token": "[EOS]",
+}
 
 
 def is_text(x):
@@ -32,7 +39,7 @@ def special_token_id(tokenizer, name):
     try:
         return int(tokenizer.token_to_id(token))
     except (ValueError, KeyError, AttributeError, TypeError) as error:  # TypeError: a character tokenizer
-        raise ValueError(f"The {type(tokenizer).__name__} has no {token} token, which BERT inputs need.") from error
+        raise ValueError(f"The {type(tokenizer).__name__} has no {token} token, which these inputs need.") from error
 
 
 def tokenize(tokenizer, texts):

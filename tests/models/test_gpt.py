@@ -45,18 +45,18 @@ def test_cached_steps_match_the_full_pass():
     ids = token_ids(np.random.default_rng(2), batch=3, length=12)
     full = np.asarray(lm(_lm_inputs(ids)))
 
-    cache = lm.empty_cache(batch_size=3, max_length=12)
-    assert [tuple(c.shape) for layer in cache for c in layer] == [
-        (3, 2, 12, 8)
-    ] * 4  # per layer k, v: (B, heads, S, head_dim)
-    logits, hidden, cache = lm.call_with_cache(ids[:, :5], cache, cache_index=0)  # prefill
+    logits, state = lm.prefill(ids[:, :5], cache_length=12)
+    # Per block keys and values: (B, heads, cache_length, head_dim).
+    assert {name: tuple(c.shape) for name, c in state.items()} == {
+        f"{kind}_cache_{i}": (3, 2, 12, 8) for kind in ("key", "value") for i in range(2)
+    }
     steps = [logits]
     # The decoding step as `generate` will run it: a graph with a tensor index.
-    step = tf.function(lm.call_with_cache)
+    step = tf.function(lm.decode)
     for t in range(5, 12):
-        logits, hidden, cache = step(ids[:, t : t + 1], cache, tf.constant(t))
+        logits, state = step(ids[:, t : t + 1], state, tf.constant(t))
         steps.append(logits)
-    assert logits.dtype == "float32" and tuple(hidden.shape) == (3, 1, 16)
+    assert logits.dtype == "float32" and tuple(logits.shape) == (3, 1, lm.backbone.vocabulary_size)
     np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-5)
 
 

@@ -77,11 +77,10 @@ def test_enable_lora_names_what_it_could_not_find():
 
 def _assert_decoding_equals_the_full_pass(lm, ids):
     full = keras.ops.convert_to_numpy(lm({"token_ids": ids, "padding_mask": np.ones_like(ids)}))
-    cache = lm.empty_cache(1, ids.shape[1])
-    logits, _, cache = lm.call_with_cache(ids[:, :3], cache, 0)
+    logits, state = lm.prefill(ids[:, :3], ids.shape[1])
     steps = [keras.ops.convert_to_numpy(logits)]
     for index in range(3, ids.shape[1]):  # one token at a time: the side-by-side projections
-        logits, _, cache = lm.call_with_cache(ids[:, index : index + 1], cache, index)
+        logits, state = lm.decode(ids[:, index : index + 1], state, index)
         steps.append(keras.ops.convert_to_numpy(logits))
     np.testing.assert_allclose(np.concatenate(steps, axis=1), full, rtol=1e-4, atol=1e-4)
 

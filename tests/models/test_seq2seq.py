@@ -220,26 +220,22 @@ def test_cached_decoding_matches_teacher_forcing(tie_embeddings):
     batch, length = target.shape
     reference = logits_of(model, source, target)
 
-    encoder_output, encoder_padding_mask = model.encode(source)
     prefill = 3
-    logits, _, self_cache, cross_cache = model.call_decoder_with_cache(
-        encoder_output, encoder_padding_mask, target[:, :prefill], model.empty_cache(batch, length), 0
-    )
+    logits, state = model.prefill(target[:, :prefill], length, encoder_token_ids=source)
     steps = [ops.convert_to_numpy(logits)]
-
-    @tf.function
-    def step(token_ids, self_cache, cache_index, cross_cache):
-        # encoder_output=None: from here on only the cross-attention cache is read.
-        return model.call_decoder_with_cache(
-            None, encoder_padding_mask, token_ids, self_cache, cache_index, cross_cache
-        )
-
+    step = tf.function(model.decode)  # as `generate` runs it: a graph with a tensor index
     for t in range(prefill, length):
-        logits, _, self_cache, cross_cache = step(target[:, t : t + 1], self_cache, tf.constant(t), cross_cache)
+        logits, new_state = step(target[:, t : t + 1], state, tf.constant(t))
         steps.append(ops.convert_to_numpy(logits))
+        # Only the self-attention cache changes; the source's keys, values and mask are read.
+        changed = {name for name in state if not np.array_equal(new_state[name], state[name])}
+        assert changed <= {f"{kind}_cache_{i}" for kind in ("key", "value") for i in range(2)}, changed
+        state = new_state
     np.testing.assert_allclose(np.concatenate(steps, axis=1), reference, atol=1e-5)
     # Per decoder block, keys and values (B, h, S, d/h) of the encoder output.
-    assert [tuple(part.shape) for cache in cross_cache for part in cache] == [(batch, 2, source.shape[1], 8)] * 4
+    assert [tuple(state[f"cross_{kind}_cache_{i}"].shape) for i in range(2) for kind in ("key", "value")] == [
+        (batch, 2, source.shape[1], 8)
+    ] * 4
 
 
 # --- Training ---

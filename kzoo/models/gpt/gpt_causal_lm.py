@@ -21,12 +21,11 @@ class GPTCausalLM(Task):
     `y = ids[:, 1:]` and the padding mask of `y` as `sample_weight`.
     `compile()` defaults add `Perplexity` to the accuracy.
 
-    Incremental decoding: `empty_cache(batch_size, max_length)` gives a
-    zero key/value cache, `call_with_cache(token_ids, cache, cache_index)`
-    runs the tokens at positions `[cache_index, cache_index + T)` against
-    it and returns their logits and the updated cache. A prefill of the
-    prompt followed by one-token steps gives the same logits as a full
-    forward pass.
+    Incremental decoding (the serving interface that `generate`, the
+    SavedModel, TFLite and LiteRT-LM files all run): `prefill(token_ids,
+    cache_length)` runs a prompt into a KV cache, `decode(token_ids, state,
+    index)` runs more tokens against it. A prefill followed by one-token
+    steps gives the same logits as a full forward pass.
 
     Args:
         backbone: a `GPTBackbone`.
@@ -56,37 +55,60 @@ class GPTCausalLM(Task):
     def default_metrics(self):
         return super().default_metrics() + [Perplexity()]
 
-    def empty_cache(self, batch_size, max_length):
-        """A zero key/value cache: per block a `(keys, values)` pair of
-        `(B, num_heads, max_length, head_dim)` tensors. Separate tensors (not
-        one stacked tensor) let each decode step update them in place."""
-        return tuple(block.empty_cache(batch_size, max_length) for block in self.backbone.transformer_blocks)
-
-    def call_with_cache(self, token_ids, cache, cache_index):
-        """Runs `token_ids` `(B, T)` at positions `[cache_index, cache_index + T)`.
-
-        Each block writes the keys/values of the new tokens into its cache
-        and attends over it, where slots after the current position are
-        masked causally. Runs in inference mode (no dropout).
+    def prefill(self, token_ids, cache_length):
+        """The serving interface's first half: runs the prompt into a new decoding state.
 
         Args:
-            token_ids: int tensor `(B, T)`, T >= 1 (the prompt, then one token
-                per step).
-            cache: the tuple from `empty_cache` or a previous call.
-            cache_index: int or scalar int tensor, the position of `token_ids[:, 0]`.
+            token_ids: int tensor `(B, T)`, 1 <= T <= `cache_length`.
+            cache_length: int, the positions of the KV cache (prompt and
+                generated tokens together).
 
         Returns:
-            `(logits, hidden_states, cache)`: float32 logits `(B, T, V)`, the
-            final hidden states `(B, T, d)` and the updated cache.
+            `(logits, state)`: float32 logits `(B, T, V)` and the state for
+            `decode`, a dict of `(B, num_heads, cache_length, head_dim)` tensors
+            `key_cache_<i>` and `value_cache_<i>` per block (separate tensors,
+            so that each step updates them in place). The names are those of
+            the exported files' state inputs and outputs.
+        """
+        batch_size = ops.shape(token_ids)[0]
+        caches = [block.empty_cache(batch_size, cache_length) for block in self.backbone.transformer_blocks]
+        return self.decode(token_ids, generation.cache_state(caches), 0)
+
+    def decode(self, token_ids, state, index):
+        """The serving interface's step: runs `token_ids` `(B, T)` at positions `[index, index + T)`.
+
+        Each block writes the keys and values of the new tokens into the
+        state and attends over it, where slots after the current position
+        are masked causally. Runs in inference mode (no dropout). A prefill
+        followed by steps gives the logits of one full forward pass.
+
+        Args:
+            token_ids: int tensor `(B, T)`, T >= 1 (one token per step, or a
+                chunk of a longer prompt).
+            state: the dict from `prefill` or from the previous `decode`.
+            index: int or scalar int tensor, the position of `token_ids[:, 0]`.
+
+        Returns:
+            `(logits (B, T, V) float32, state)`.
+
+        Example:
+        >>> lm = GPTCausalLM.from_preset("gpt_tiny")
+        >>> logits, state = lm.prefill(keras.ops.ones((1, 4), "int32"), cache_length=16)
+        >>> logits, state = lm.decode(keras.ops.ones((1, 1), "int32"), state, 4)
         """
         backbone = self.backbone
-        x = backbone.embedding(token_ids, start_index=cache_index)  # (B, T, d)
-        new_cache = []
-        for block, layer_cache in zip(backbone.transformer_blocks, cache):
-            x, layer_cache = block(x, self_attention_cache=layer_cache, self_attention_cache_index=cache_index)
-            new_cache.append(layer_cache)
-        hidden_states = backbone.layer_norm(x)
-        return self.lm_head(hidden_states), hidden_states, tuple(new_cache)
+        x = backbone.embedding(token_ids, start_index=index)  # (B, T, d)
+        caches = []
+        for block, cache in zip(backbone.transformer_blocks, generation.cache_pairs(state)):
+            x, cache = block(x, self_attention_cache=cache, self_attention_cache_index=index)
+            caches.append(cache)
+        return self.lm_head(backbone.layer_norm(x)), dict(state, **generation.cache_state(caches))
+
+    def split_generation_inputs(self, inputs):
+        """The model's own inputs as the serving interface takes them: `(prompt_ids,
+        prompt_mask, context)`, the right-padded prompt, its bool mask and `prefill`'s
+        other arguments (none)."""
+        return inputs["token_ids"], ops.cast(inputs["padding_mask"], "bool"), {}
 
     def generate(
         self,
@@ -144,19 +166,8 @@ class GPTCausalLM(Task):
             outputs = [text_inputs.detokenize(self.tokenizer, row) for row in outputs]
             return outputs[0] if isinstance(prompts, (str, bytes)) else outputs
 
-        def start(prompt_ids, length):
-            cache = self.empty_cache(ops.shape(prompt_ids)[0], length)
-            logits, _, cache = self.call_with_cache(prompt_ids, cache, 0)
-
-            def step(token, cache, index):
-                logits, _, cache = self.call_with_cache(token, cache, index)
-                return logits[:, -1], cache
-
-            return logits[:, -1], cache, step
-
         return generation.generate(
             self,
-            start,
             prompts,
             max_length=max_length,
             max_new_tokens=max_new_tokens,

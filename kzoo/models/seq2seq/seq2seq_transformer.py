@@ -24,13 +24,11 @@ class Seq2SeqTransformer(Task):
     padding mask of `y` as `sample_weight`; id 0 is padding. `compile()`
     defaults add `Perplexity` to the accuracy.
 
-    Incremental decoding, for generation: `encode(encoder_token_ids)` runs
-    the encoder once; `empty_cache(batch_size, max_length)` gives a zero
-    self-attention cache; `call_decoder_with_cache(...)` runs target tokens
-    at positions `[cache_index, cache_index + T)` against the caches. Its
-    first call (the prefill) computes the cross-attention keys/values of the
-    encoder output once and returns them for the later one-token steps. This
-    gives the same logits as the teacher-forced `__call__`.
+    Incremental decoding (the serving interface that `generate`, the
+    SavedModel and TFLite files all run): `prefill(token_ids, cache_length,
+    encoder_token_ids)` encodes the source once and runs a target prompt into
+    the caches, `decode(token_ids, state, index)` runs more target tokens.
+    This gives the same logits as the teacher-forced `__call__`.
 
     Args:
         backbone: a `Seq2SeqBackbone`.
@@ -67,60 +65,80 @@ class Seq2SeqTransformer(Task):
     def default_metrics(self):
         return super().default_metrics() + [Perplexity()]
 
-    def encode(self, encoder_token_ids):
-        """Runs the encoder once: returns `(encoder_output (B, S, d), encoder_padding_mask (B, S))`."""
-        return self.backbone.encode(encoder_token_ids)
+    def prefill(self, token_ids, cache_length, encoder_token_ids):
+        """The serving interface's first half: encodes the source and runs the target prompt.
 
-    def empty_cache(self, batch_size, max_length):
-        """A zero self-attention cache for `max_length` target positions: per
-        decoder block a `(keys, values)` pair of `(B, h, max_length, d/h)`
-        tensors (as `GPTCausalLM.empty_cache`: separate tensors let each step
-        update them in place)."""
-        return tuple(block.empty_cache(batch_size, max_length) for block in self.backbone.decoder_blocks)
-
-    def call_decoder_with_cache(
-        self,
-        encoder_output,
-        encoder_padding_mask,
-        decoder_token_ids,
-        self_attention_cache,
-        cache_index,
-        cross_attention_cache=None,
-    ):
-        """Runs target tokens `(B, T)` at positions `[cache_index, cache_index + T)`.
-
-        Each decoder block writes the keys/values of the new tokens into its
-        slice of `self_attention_cache` and attends over it (slots after the
-        current position are masked causally) and over the encoder output
-        through `cross_attention_cache`. Runs in inference mode (no dropout).
+        The encoder runs once; the cross-attention keys and values of its
+        output are computed here once and kept in the state for every step.
 
         Args:
-            encoder_output: `(B, S, d)` from `encode`; only read when
-                `cross_attention_cache` is None.
-            encoder_padding_mask: bool `(B, S)` from `encode`.
-            decoder_token_ids: int tensor `(B, T)`, T >= 1 (a prefix, then one
-                token per step).
-            self_attention_cache: from `empty_cache` or a previous call.
-            cache_index: int or scalar int tensor, the position of
-                `decoder_token_ids[:, 0]`.
-            cross_attention_cache: None on the first call, which computes it
-                (one `(keys, values)` pair of `(B, h, S, d/h)` tensors per
-                block); afterwards the one that call returned.
+            token_ids: int tensor `(B, T)`, the target prompt (e.g. `[BOS]`),
+                1 <= T <= `cache_length`.
+            cache_length: int, the target positions of the self-attention cache.
+            encoder_token_ids: int tensor `(B, S)`, the source; id 0 is padding.
 
         Returns:
-            `(logits, hidden_states, self_attention_cache, cross_attention_cache)`:
-            float32 logits `(B, T, V)`, the decoder's hidden states `(B, T, d)`
-            and both caches, the self-attention one updated.
+            `(logits, state)`: float32 logits `(B, T, V)` and the state for
+            `decode`, a dict: per decoder block `key_cache_<i>` and
+            `value_cache_<i>` `(B, h, cache_length, d/h)` (updated by each
+            step) and `cross_key_cache_<i>` and `cross_value_cache_<i>`
+            `(B, h, S, d/h)`, plus `encoder_padding_mask` int32 `(B, S)`
+            (these three read only). The names are those of the exported
+            files' state inputs and outputs.
         """
-        hidden_states, self_attention_cache, cross_attention_cache = self.backbone.decode(
-            decoder_token_ids,
-            encoder_output,
-            encoder_padding_mask,
-            self_attention_cache=self_attention_cache,
-            cache_index=cache_index,
-            cross_attention_cache=cross_attention_cache,
+        encoder_output, encoder_padding_mask = self.backbone.encode(encoder_token_ids)
+        batch_size = ops.shape(token_ids)[0]
+        caches = [block.empty_cache(batch_size, cache_length) for block in self.backbone.decoder_blocks]
+        hidden_states, caches, cross_caches = self.backbone.decode(
+            token_ids, encoder_output, encoder_padding_mask, self_attention_cache=caches, cache_index=0
         )
-        return self.lm_head(hidden_states), hidden_states, self_attention_cache, cross_attention_cache
+        state = {
+            **generation.cache_state(caches),
+            **generation.cache_state(cross_caches, prefix="cross_"),
+            "encoder_padding_mask": ops.cast(encoder_padding_mask, "int32"),
+        }
+        return self.lm_head(hidden_states), state
+
+    def decode(self, token_ids, state, index):
+        """The serving interface's step: runs target tokens `(B, T)` at positions `[index, index + T)`.
+
+        Each decoder block writes the keys and values of the new tokens into
+        the state and attends over it (slots after the current position are
+        masked causally) and over the source through the cross-attention
+        caches. Runs in inference mode (no dropout). A prefill followed by
+        steps gives the logits of the teacher-forced `__call__`.
+
+        Args:
+            token_ids: int tensor `(B, T)`, T >= 1.
+            state: the dict from `prefill` or from the previous `decode`.
+            index: int or scalar int tensor, the position of `token_ids[:, 0]`.
+
+        Returns:
+            `(logits (B, T, V) float32, state)`; the entries a step only reads
+            are passed on as they came.
+
+        Example:
+        >>> model = Seq2SeqTransformer.from_preset("transformer_tiny")
+        >>> source, start = keras.ops.ones((1, 6), "int32"), keras.ops.ones((1, 1), "int32")
+        >>> logits, state = model.prefill(start, 16, encoder_token_ids=source)
+        >>> logits, state = model.decode(start, state, 1)
+        """
+        hidden_states, caches, _ = self.backbone.decode(
+            token_ids,
+            None,
+            ops.cast(state["encoder_padding_mask"], "bool"),
+            self_attention_cache=generation.cache_pairs(state),
+            cache_index=index,
+            cross_attention_cache=generation.cache_pairs(state, prefix="cross_"),
+        )
+        return self.lm_head(hidden_states), dict(state, **generation.cache_state(caches))
+
+    def split_generation_inputs(self, inputs):
+        """The model's own inputs as the serving interface takes them: `(prompt_ids,
+        prompt_mask, context)`: the decoder prompt right-padded with 0, its bool mask, and
+        `prefill`'s other arguments (the source)."""
+        prompt_ids = inputs["decoder_token_ids"]
+        return prompt_ids, ops.not_equal(prompt_ids, 0), {"encoder_token_ids": inputs["encoder_token_ids"]}
 
     def generate(
         self,
@@ -189,27 +207,8 @@ class Seq2SeqTransformer(Task):
         if not ragged:
             decoder_prompts = np.asarray(decoder_prompts, "int32")
 
-        def start(prompt_ids, length, sources):
-            encoder_output, encoder_padding_mask = self.encode(sources)
-            cache = self.empty_cache(ops.shape(prompt_ids)[0], length)
-            logits, _, cache, cross_cache = self.call_decoder_with_cache(
-                encoder_output, encoder_padding_mask, prompt_ids, cache, 0
-            )
-
-            # The source mask travels with the caches: beam search repeats
-            # every row of the loop state, the mask's too.
-            def step(token, state, index):
-                cache, cross_cache, encoder_padding_mask = state
-                logits, _, cache, cross_cache = self.call_decoder_with_cache(
-                    None, encoder_padding_mask, token, cache, index, cross_cache
-                )
-                return logits[:, -1], (cache, cross_cache, encoder_padding_mask)
-
-            return logits[:, -1], (cache, cross_cache, encoder_padding_mask), step
-
         return generation.generate(
             self,
-            start,
             decoder_prompts,
             max_length=max_length,
             max_new_tokens=max_new_tokens,
@@ -217,5 +216,5 @@ class Seq2SeqTransformer(Task):
             stop_token_ids=stop_token_ids,
             jit_compile=jit_compile,
             limit=self.backbone.max_sequence_length,
-            inputs=(sources,),
+            context={"encoder_token_ids": sources},
         )
