@@ -6,6 +6,7 @@ same strings tokenized and decoded in Python.
 """
 
 import keras
+import keras_hub
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -26,6 +27,15 @@ def word_pieces():
     return data.word_piece_tokenizer(data.train_word_piece_vocabulary(SENTENCES, 64))
 
 
+def word_pieces_with_bos_and_eos_last():
+    """A WordPiece tokenizer whose [BOS] and [EOS] are not at kzoo's ids: the text signature
+    must read them from the tokenizer."""
+    vocabulary = data.train_word_piece_vocabulary(SENTENCES, 64)
+    moved = ["[BOS]", "[EOS]"]
+    vocabulary = [token for token in vocabulary if token not in moved] + moved
+    return keras_hub.tokenizers.WordPieceTokenizer(vocabulary=vocabulary, special_tokens=moved)
+
+
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     """`exported(family) -> (export dir, model, tokenizer)`, exported once per family."""
@@ -34,7 +44,9 @@ def exported(tmp_path_factory):
     def get(family):
         folder = tmp_path_factory.mktemp(family) if family not in exports else exports[family]
         if family not in exports:
-            tokenizer = data.character_tokenizer(128) if family == "gpt" else word_pieces()
+            tokenizer = {"gpt": data.character_tokenizer(128), "seq2seq": word_pieces_with_bos_and_eos_last()}.get(
+                family, word_pieces()
+            )
             model = build(family, vocabulary_size=128 if family == "gpt" else tokenizer.vocabulary_size())
             model.save(folder / "model.keras")
             data.save_tokenizer(tokenizer, folder)
@@ -106,8 +118,10 @@ def test_seq2seq_generate_text_decodes_from_bos_to_eos(exported):
     result = text_signature(out, "generate_text")(text=tf.constant(SENTENCES[2:]), max_new_tokens=tf.constant(6))
 
     sources = [np.asarray(tokenizer(text)).tolist() for text in SENTENCES[2:]]
-    expected = model.generate(sources, BOS_ID, max_length=7, stop_token_ids=[EOS_ID], jit_compile=False)
-    expected = [tokenizer.detokenize([t for t in tokens if t not in (BOS_ID, EOS_ID)]) for tokens in expected]
+    bos_id, eos_id = tokenizer.token_to_id("[BOS]"), tokenizer.token_to_id("[EOS]")
+    assert (bos_id, eos_id) != (BOS_ID, EOS_ID)
+    expected = model.generate(sources, bos_id, max_length=7, stop_token_ids=[eos_id], jit_compile=False)
+    expected = [tokenizer.detokenize([t for t in tokens if t not in (bos_id, eos_id)]) for tokens in expected]
     assert [t.decode() for t in result["text"].numpy()] == expected
 
 
