@@ -365,14 +365,13 @@ def _text_function(model, task, names, functions, tokenizer):
     if task == "classifier":
         cls_id, sep_id = classifier_special_ids(tokenizer)
 
-        wrap = [token for token in (cls_id, sep_id) if token is not None]
-
         @tf.function(input_signature=[text_spec])
         def classify_text(text):
-            ids = token_ids(text)[:, : max_length - len(wrap)]
-            column = tf.ones([ids.nrows(), 1], tf.int32)
-            start, end = ([column * cls_id], [column * sep_id]) if wrap else ([], [])
-            ids = tf.concat([*start, ids, *end], axis=1).to_tensor()  # (B, T)
+            ids = token_ids(text)
+            if cls_id is not None:  # [CLS] tokens [SEP]; a tokenizer without them: the tokens alone
+                column = tf.ones([ids.nrows(), 1], tf.int32)
+                ids = tf.concat([column * cls_id, ids[:, : max_length - 2], column * sep_id], axis=1)
+            ids = ids[:, :max_length].to_tensor()  # (B, T)
             inputs = {"token_ids": ids, "segment_ids": tf.zeros_like(ids), "padding_mask": tf.cast(ids != 0, tf.int32)}
             logits = call_model(model, names, inputs)
             return {

@@ -44,10 +44,11 @@ def exported(tmp_path_factory):
     def get(family):
         folder = tmp_path_factory.mktemp(family) if family not in exports else exports[family]
         if family not in exports:
-            tokenizer = {"gpt": data.character_tokenizer(128), "seq2seq": word_pieces_with_bos_and_eos_last()}.get(
-                family, word_pieces()
-            )
-            model = build(family, vocabulary_size=128 if family == "gpt" else tokenizer.vocabulary_size())
+            characters = family in ("gpt", "bilstm_classifier")
+            tokenizer = data.character_tokenizer(128) if characters else word_pieces()
+            if family == "seq2seq":
+                tokenizer = word_pieces_with_bos_and_eos_last()
+            model = build(family, vocabulary_size=128 if characters else tokenizer.vocabulary_size())
             model.save(folder / "model.keras")
             data.save_tokenizer(tokenizer, folder)
             export.export(
@@ -111,6 +112,18 @@ def test_bert_classify_text_packs_cls_and_sep_as_the_pipeline_does(exported):
     probabilities = keras.ops.convert_to_numpy(keras.ops.softmax(logits, axis=-1))
     np.testing.assert_allclose(result["probabilities"].numpy(), probabilities, atol=1e-5)
     np.testing.assert_array_equal(result["label"].numpy(), probabilities.argmax(-1))
+
+
+def test_a_classifier_whose_tokenizer_has_no_cls_classifies_the_tokens_alone(exported):
+    out, model, tokenizer = exported("bilstm_classifier")  # characters: no [CLS] or [SEP] to wrap them in
+    result = text_signature(out, "classify_text")(text=tf.constant(SENTENCES[:2]))
+
+    rows = [np.asarray(tokenizer(text)).tolist() for text in SENTENCES[:2]]
+    ids = np.zeros((2, max(map(len, rows))), np.int32)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = row
+    probabilities = keras.ops.convert_to_numpy(keras.ops.softmax(model(ids), axis=-1))
+    np.testing.assert_allclose(result["probabilities"].numpy(), probabilities, atol=1e-5)
 
 
 def test_seq2seq_generate_text_decodes_from_bos_to_eos(exported):
