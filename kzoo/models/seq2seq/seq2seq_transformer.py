@@ -4,6 +4,7 @@ from keras import ops
 
 from kzoo.models import generation
 from kzoo.models.perplexity import Perplexity
+from kzoo.models.seq2seq.seq2seq_backbone import PAD_ID
 from kzoo.models.seq2seq.seq2seq_backbone import Seq2SeqBackbone
 from kzoo.models.task import Task
 from kzoo.models.tied_logits import TiedLogits
@@ -138,7 +139,7 @@ class Seq2SeqTransformer(Task):
         prompt_mask, context)`: the decoder prompt right-padded with 0, its bool mask, and
         `prefill`'s other arguments (the source)."""
         prompt_ids = inputs["decoder_token_ids"]
-        return prompt_ids, ops.not_equal(prompt_ids, 0), {"encoder_token_ids": inputs["encoder_token_ids"]}
+        return prompt_ids, ops.not_equal(prompt_ids, PAD_ID), {"encoder_token_ids": inputs["encoder_token_ids"]}
 
     def generate(
         self,
