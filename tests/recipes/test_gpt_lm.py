@@ -47,7 +47,7 @@ def test_main_job_runs_as_a_script_and_its_files_are_all_generate_needs(tmp_path
 def test_short_is_the_main_job_setting_and_flags_still_win():
     assert (gpt_lm.parse_args([]).steps, gpt_lm.parse_args([]).epochs) == (1500, 10)
     short = gpt_lm.parse_args(["--short"])
-    assert (short.steps, short.epochs, short.batch_size, short.sequence_length) == (1000, 2, 32, 128)
+    assert (short.steps, short.epochs, short.batch_size, short.sequence_length) == (1000, 2, 16, 128)
     assert gpt_lm.parse_args(["--short", "--steps", "7"]).steps == 7
     assert gpt_lm.parse_args(["--short", "--quick"]).steps == _language_models.QUICK["steps"]
 
