@@ -1,4 +1,8 @@
-"""`Seq2SeqTransformer.generate`: cached decoding against the teacher-forced model."""
+"""`Seq2SeqTransformer.generate`: cached decoding against the teacher-forced model.
+
+The tests trace the loop as a TensorFlow graph (`jit_compile=False`); one test checks that
+`generate`'s XLA default gives the same tokens.
+"""
 
 import keras
 import numpy as np
@@ -39,25 +43,34 @@ def naive_greedy(model, source, length):
 
 def test_cached_greedy_equals_the_teacher_forced_reference(model):
     for source in ([4, 9, 2], [7], [3, 3, 8, 12, 5]):
-        assert model.generate([source], START, max_length=9) == [naive_greedy(model, source, 9)]
+        assert model.generate([source], START, max_length=9, jit_compile=False) == [naive_greedy(model, source, 9)]
 
 
 def test_ragged_sources_and_beams_in_one_batch_equal_each_row_alone(model):
     sources = [[4, 9, 2], [7], [3, 3, 8, 12, 5]]
     for sampler in ("greedy", samplers.BeamSampler(num_beams=3)):
-        together = model.generate(sources, START, max_length=8, sampler=sampler)
-        assert together == [model.generate([s], START, max_length=8, sampler=sampler)[0] for s in sources]
+        together = model.generate(sources, START, max_length=8, sampler=sampler, jit_compile=False)
+        assert together == [
+            model.generate([s], START, max_length=8, sampler=sampler, jit_compile=False)[0] for s in sources
+        ]
 
 
 def test_beam_width_one_equals_greedy_and_stop_tokens_end_rows(model):
     sources = np.array([[4, 9, 2], [7, 0, 0]])
-    greedy = model.generate(sources, START, max_length=9)
-    beam = model.generate(sources, START, max_length=9, sampler=samplers.BeamSampler(num_beams=1))
+    greedy = model.generate(sources, START, max_length=9, jit_compile=False)
+    beam = model.generate(sources, START, max_length=9, sampler=samplers.BeamSampler(num_beams=1), jit_compile=False)
     np.testing.assert_array_equal(beam["token_ids"], greedy["token_ids"])
     row = greedy["token_ids"][0].tolist()
     stop = row[2]
-    stopped = model.generate([[4, 9, 2]], START, max_length=9, stop_token_ids=[stop])[0]
+    stopped = model.generate([[4, 9, 2]], START, max_length=9, stop_token_ids=[stop], jit_compile=False)[0]
     assert stopped == row[: row.index(stop, 1) + 1]
+
+
+def test_the_xla_loop_gives_the_tokens_of_the_traced_loop(model):
+    sources = [[4, 9, 2], [7]]
+    for sampler in ("greedy", samplers.BeamSampler(num_beams=2)):
+        xla = model.generate(sources, START, max_length=8, sampler=sampler)
+        assert xla == model.generate(sources, START, max_length=8, sampler=sampler, jit_compile=False), sampler
 
 
 @pytest.mark.parametrize(
