@@ -1,3 +1,4 @@
+import math
 import os
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -5,6 +6,18 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
 import pytest  # noqa: E402
+
+WORKERS_PER_CORE = 1.5
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: WORKERS_PER_CORE workers per core. Much of a test's time is single-threaded
+    (tracing Keras layers into graphs, starting subprocesses, waiting on them), so one worker
+    per core leaves cores idle. PYTEST_XDIST_AUTO_NUM_WORKERS still overrides."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # xdist's own hook reads it
+    return math.ceil(WORKERS_PER_CORE * len(os.sched_getaffinity(0)))
 
 
 def pytest_collection_modifyitems(config, items):
