@@ -17,7 +17,8 @@ def pytest_xdist_auto_num_workers(config):
     per core leaves cores idle. PYTEST_XDIST_AUTO_NUM_WORKERS still overrides."""
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return None  # xdist's own hook reads it
-    return math.ceil(WORKERS_PER_CORE * len(os.sched_getaffinity(0)))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return math.ceil(WORKERS_PER_CORE * cores)
 
 
 def pytest_collection_modifyitems(config, items):
