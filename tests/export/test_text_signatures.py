@@ -44,11 +44,13 @@ def exported(tmp_path_factory):
     def get(family):
         folder = tmp_path_factory.mktemp(family) if family not in exports else exports[family]
         if family not in exports:
-            characters = family in ("gpt", "bilstm_classifier")
-            tokenizer = data.character_tokenizer(128) if characters else word_pieces()
-            if family == "seq2seq":
+            if family in ("gpt", "bilstm_classifier"):
+                tokenizer = data.character_tokenizer(128)
+            elif family == "seq2seq":
                 tokenizer = word_pieces_with_bos_and_eos_last()
-            model = build(family, vocabulary_size=128 if characters else tokenizer.vocabulary_size())
+            else:
+                tokenizer = word_pieces()
+            model = build(family, vocabulary_size=tokenizer.vocabulary_size())
             model.save(folder / "model.keras")
             data.save_tokenizer(tokenizer, folder)
             export.export(
