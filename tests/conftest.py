@@ -35,8 +35,7 @@ def pytest_collection_modifyitems(config, items):
 def _reset_keras_state():
     """Each test starts from a fixed seed, the float32 policy and fresh Keras state (layer names,
     TensorFlow's default graph). No forced garbage collection: a full one after each test walks
-    every object the worker's earlier tests left (traced graphs), ~3 s late in the suite, and
-    Python collects on its own."""
+    every object the worker's earlier tests left (traced graphs), and Python collects on its own."""
     keras.utils.set_random_seed(1234)
     yield
     keras.config.set_dtype_policy("float32")
