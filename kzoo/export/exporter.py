@@ -485,7 +485,7 @@ def _text_cases(model, task, data, signatures, generate_tokens):
 
     tokenizer = signatures.tokenizer
     rows = data.held_out["encoder_token_ids" if task == "seq2seq" else "token_ids"][:2]
-    texts = [_decode(tokenizer.detokenize(row[row != 0][: verification.SHORT_LENGTH])) for row in rows]
+    texts = [verification.text(tokenizer.detokenize(row[row != 0][: verification.SHORT_LENGTH])) for row in rows]
     case = {"texts": texts, "max_new_tokens": generate_tokens}
     if task == "classifier":
         examples = tf.data.Dataset.from_tensor_slices((texts, [0] * len(texts)))
@@ -511,12 +511,8 @@ def _text_cases(model, task, data, signatures, generate_tokens):
             sources, bos_id, max_length=min(1 + generate_tokens, limit), stop_token_ids=[eos_id], jit_compile=False
         )
         outputs = [[token for token in tokens if token not in (bos_id, eos_id)] for tokens in outputs]
-    case["text"] = [_decode(tokenizer.detokenize(tokens)) for tokens in outputs]
+    case["text"] = [verification.text(tokenizer.detokenize(tokens)) for tokens in outputs]
     return case
-
-
-def _decode(text):
-    return text.numpy().decode() if hasattr(text, "numpy") else str(text)
 
 
 class _Context:
@@ -620,7 +616,7 @@ def _savedmodel_text(signature, case):
     arguments = {"text": texts, "max_new_tokens": tf.constant(case["max_new_tokens"])}
     if "stop_token_ids" in signature.structured_input_signature[1]:
         arguments["stop_token_ids"] = tf.constant([], tf.int32)
-    generated = [_decode(text) for text in signature(**arguments)["text"]]
+    generated = [verification.text(text) for text in signature(**arguments)["text"]]
     return {
         "texts": case["texts"],
         "generated": generated,

@@ -80,7 +80,7 @@ class RuntimeSignatures:
     Built on the task's serving interface (`kzoo.models.generation`): every signature is
     `model.decode` on the state, whose `key_cache_<i>` / `value_cache_<i>` entries take the
     runtime's names `kv_cache_k_<i>` / `kv_cache_v_<i>`. The attributes
-    `tflite_conversion.convert` reads (`tflite_functions`, `trackable`, `tied_embeddings`)
+    `tflite_conversion.convert` reads (`tflite_functions`, `variables`, `tied_embeddings`)
     make it convertible like `ServingSignatures`.
 
     Args:
@@ -112,13 +112,6 @@ class RuntimeSignatures:
 
     def tflite_functions(self, generation=True):
         return self._concrete
-
-    def trackable(self):
-        """A `tf.Module` holding exactly the variables the signatures read, so that the
-        converter freezes them into constants."""
-        root = tf.Module(name="kzoo_litertlm")
-        root.model_variables = list(self.variables)
-        return root
 
 
 def runtime_name(name):
@@ -353,7 +346,7 @@ def _generation_cases(model, tokenizer, reference, signatures, exported, generat
     for i, length in enumerate(lengths):
         cut = rows[i % len(rows)][:length]
         while True:  # detokenized and tokenized again, a cut can grow (subwords): cut it shorter
-            text = _text(tokenizer.detokenize(cut))
+            text = _runtime_text(tokenizer.detokenize(cut))
             ids = [int(token) for token in np.asarray(tokenizer(text))]
             if len(cut) <= 1 or len(start) + len(ids) <= longest:
                 break
@@ -373,11 +366,16 @@ def _generation_cases(model, tokenizer, reference, signatures, exported, generat
                 "prompt": text,
                 "prompt_ids": ids,
                 "new_tokens": new,
-                "keras_ids": [int(token) for token in generated],
-                "keras": _text(tokenizer.detokenize(generated)) if generated else "",
+                "keras": _runtime_text(tokenizer.detokenize(generated)) if generated else "",
             }
         )
     return cases
+
+
+def _runtime_text(text):
+    """Detokenized text as LiteRT-LM passes it: decoded leniently (`verification.text`), and
+    without NUL, since the runtime's C API hands strings over NUL-terminated."""
+    return verification.text(text).replace("\x00", "")
 
 
 def _run_cases(runtime, cases):
@@ -396,8 +394,9 @@ def _run_cases(runtime, cases):
                 "litertlm": text,
             }
         )
+        # Both texts tokenized again: a lenient decode's U+FFFD hides which ids gave it.
         generated_ids.append(runtime.tokenize(text) if text else [])
-        reference_ids.append(case["keras_ids"])
+        reference_ids.append(runtime.tokenize(case["keras"]) if case["keras"] else [])
         if timing["decode_tokens_per_second"] > 0:
             decode_rates.append((timing["decode_tokens"], timing["decode_tokens_per_second"]))
     agreement = verification.compare_generations(generated_ids, reference_ids, [0] * len(cases))
@@ -414,7 +413,3 @@ def _run_cases(runtime, cases):
         _, rate = max(decode_rates)  # the longest generation
         record["latency_ms"]["decode_step"] = 1000 / rate
     return record
-
-
-def _text(text):
-    return text.numpy().decode() if hasattr(text, "numpy") else str(text)

@@ -224,8 +224,7 @@ class ServingSignatures:
 
     def trackable(self):
         """A `tf.Module` holding the variables once (and the tokenizer's
-        resources): what the SavedModel and the TFLite converter save the
-        signatures' captures from."""
+        resources): what the SavedModel saves the signatures' captures from."""
         root = tf.Module(name="kzoo_serving")
         root.model_variables = list(self.variables)
         if self.tokenizer is not None:

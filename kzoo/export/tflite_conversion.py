@@ -45,9 +45,11 @@ def convert(signatures, tflite_format, representative_dataset=None, generation=T
     """
     if tflite_format not in TFLITE_FORMATS:
         raise ValueError(f"Unknown TFLite format {tflite_format!r}; known: {sorted(TFLITE_FORMATS)}.")
-    converter = tf.lite.TFLiteConverter.from_concrete_functions(
-        signatures.tflite_functions(generation), signatures.trackable()
-    )
+    # The converter freezes what this module holds into constants: the variables alone. A
+    # tokenizer's lookup tables (byte-level BPE) would become ops TFLite has no kernel for.
+    variables = tf.Module(name="kzoo_tflite")
+    variables.model_variables = list(signatures.variables)
+    converter = tf.lite.TFLiteConverter.from_concrete_functions(signatures.tflite_functions(generation), variables)
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
     if tflite_format != "tflite_fp32":
         converter.optimizations = [tf.lite.Optimize.DEFAULT]

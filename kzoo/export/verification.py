@@ -58,6 +58,14 @@ def quality(logits, targets, sample_weight=None, reference_logits=None):
     return result
 
 
+def text(value):
+    """A detokenized string (str, bytes or a scalar string tensor) as str. Bytes are decoded
+    leniently, U+FFFD for what is not UTF-8: a byte-level BPE generation can end in the middle
+    of a character. Every text comparison of the export decodes both sides with this."""
+    value = value.numpy() if hasattr(value, "numpy") else value
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+
+
 def compare_generations(generated, reference, prompt_lengths):
     """`{"matches_keras", "token_agreement"}` of lists of token lists: whether
     every sequence equals its reference, and the share of equal generated
