@@ -18,12 +18,12 @@ has no place for (e.g. BERT's next-sentence head) are named in a warning.
 import dataclasses
 import json
 import math
-import os
-import shutil
 import warnings
 from pathlib import Path
 
 import numpy as np
+
+from kzoo import files
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -373,30 +373,21 @@ def _weights_description(reader, path):
 
 def save(path, tensors, config, tokenizer_files=None):
     """Writes `config.json` and `model.safetensors` (and, through `tokenizer_files(path)`, the
-    tokenizer) into a new folder `path`, replacing nothing: it is written beside and moved in."""
+    tokenizer) into a new folder `path`, replacing nothing, all or nothing (`kzoo.files.atomic_folder`)."""
     from safetensors.numpy import save_file
 
-    path = Path(path)
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):
-        raise CheckpointError(f"{path} exists and is not an empty folder; choose a new one.")
-    staging = path.with_name(f".{path.name}.partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
     try:
-        save_file(
-            {name: np.ascontiguousarray(array) for name, array in tensors.items()},
-            str(staging / WEIGHTS_FILE),
-            metadata={"format": "pt"},
-        )
-        (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        if tokenizer_files is not None:
-            tokenizer_files(staging)
-        if path.exists():
-            path.rmdir()
-        os.replace(staging, path)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+        with files.atomic_folder(path, hint="choose a new one") as staging:
+            save_file(
+                {name: np.ascontiguousarray(array) for name, array in tensors.items()},
+                str(staging / WEIGHTS_FILE),
+                metadata={"format": "pt"},
+            )
+            (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+            if tokenizer_files is not None:
+                tokenizer_files(staging)
+    except files.FolderExistsError as error:
+        raise CheckpointError(str(error)) from error
 
 
 def export_to_transformers(model, path):

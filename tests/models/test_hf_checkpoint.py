@@ -5,7 +5,10 @@ reads), plus the packaged all-MiniLM-L6-v2. `transformers` and CPU `torch` (the 
 are the independent reference; kzoo itself loads without torch.
 """
 
+import errno
 import json
+import os
+import threading
 import warnings
 
 import keras
@@ -318,6 +321,54 @@ def test_writing_refuses_a_folder_in_use(tmp_path):
     with pytest.raises(CheckpointError, match="not an empty folder"):
         bert_backbone().export_to_transformers(tmp_path / "out")
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["keep.txt"]
+
+
+def test_two_concurrent_writers_to_one_folder_leave_one_whole_checkpoint(tmp_path, monkeypatch):
+    """Both writers have written their weights before either moves them in (a barrier in
+    the write): the folder holds one writer's checkpoint, whole, and the other is told."""
+    import safetensors.numpy
+
+    barrier, save_file = threading.Barrier(2, timeout=60), safetensors.numpy.save_file
+
+    def save_and_wait(*args, **kwargs):
+        save_file(*args, **kwargs)
+        barrier.wait()
+
+    monkeypatch.setattr(safetensors.numpy, "save_file", save_and_wait)
+    backbones, results = [randomize(bert_backbone(), seed) for seed in (1, 2)], [None, None]
+
+    def write(i):
+        try:
+            backbones[i].export_to_transformers(tmp_path / "out")
+            results[i] = "written"
+        except CheckpointError as error:
+            results[i] = str(error)
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(results, key=len) == [
+        "written",
+        f"{tmp_path / 'out'} was filled by another writer while this one ran; choose a new one.",
+    ]
+    again = load_quietly(kzoo.models.BertBackbone, tmp_path / "out")
+    for ours, theirs in zip(backbones[results.index("written")].weights, again.weights):
+        np.testing.assert_array_equal(ours.numpy(), theirs.numpy(), err_msg=ours.path)
+    assert [path.name for path in tmp_path.iterdir()] == ["out"]
+
+
+def test_a_full_disk_is_named_and_nothing_is_written(tmp_path, monkeypatch):
+    import safetensors.numpy
+
+    def no_space(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(safetensors.numpy, "save_file", no_space)
+    with pytest.raises(OSError, match=f"No space left on device: nothing was written to {tmp_path / 'out'}"):
+        bert_backbone().export_to_transformers(tmp_path / "out")
+    assert list(tmp_path.iterdir()) == []
 
 
 # === Bad input ===
