@@ -3,7 +3,8 @@
     python export/serve_litertlm.py DIR/model.litertlm --prompt "ROMEO:"
         [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--greedy]
 
-Prints the prompt, then the text as the runtime produces it. The bundle carries its tokenizer
+Prints the prompt, then the text as the runtime produces it; every flag is checked first
+(exit status 2 and the flag's range for one out of range). The bundle carries its tokenizer
 and its default sampler (kzoo's: top-k, k = 5); the flags override the sampler, `--greedy`
 takes the most likely token each time (the text Keras' greedy `generate` gives). A
 translation bundle (`recipes/gpt_translate.py`'s model) takes its prompt as `english [SEP]`,
@@ -34,27 +35,59 @@ def load_runner():
     raise SystemExit("litertlm_model.py not found: copy kzoo/export/litertlm_model.py beside this script.")
 
 
+def option(runner, name, parse):
+    """An argparse type: `parse`, then the runner's range check of the option `name`."""
+
+    def checked(text):
+        try:
+            value = parse(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"must be {'an integer' if parse is int else 'a number'}; received {text!r}"
+            )
+        problem = runner.option_problem(name, value)
+        if problem:
+            raise argparse.ArgumentTypeError(problem)
+        return value
+
+    return checked
+
+
 def main(argv=None):
+    runner = load_runner()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("bundle", help="a .litertlm file written by export/export.py")
     parser.add_argument("--prompt", required=True, help="the text to continue")
     parser.add_argument("--max-new-tokens", type=int, help="the most tokens to generate (default: all that fit)")
-    parser.add_argument("--temperature", type=float, help="sampling temperature (default: the bundle's)")
-    parser.add_argument("--top-k", type=int, help="sample among the k most likely tokens (default: the bundle's)")
-    parser.add_argument("--top-p", type=float, help="sample among the most likely tokens of total probability p")
-    parser.add_argument("--seed", type=int, help="the sampler's seed: the same seed repeats the text")
+    parser.add_argument(
+        "--temperature", type=option(runner, "temperature", float), help="sampling temperature (default: the bundle's)"
+    )
+    parser.add_argument(
+        "--top-k",
+        type=option(runner, "top_k", int),
+        help="sample among the k most likely tokens (default: the bundle's)",
+    )
+    parser.add_argument(
+        "--top-p",
+        type=option(runner, "top_p", float),
+        help="sample among the most likely tokens of total probability p",
+    )
+    parser.add_argument(
+        "--seed", type=option(runner, "seed", int), help="the sampler's seed: the same seed repeats the text"
+    )
     parser.add_argument("--greedy", action="store_true", help="always the most likely token (as --top-k 1)")
-    parser.add_argument("--num-threads", type=int, default=2, help="CPU threads (default: 2)")
+    parser.add_argument(
+        "--num-threads", type=option(runner, "num_threads", int), default=2, help="CPU threads (default: 2)"
+    )
     args = parser.parse_args(argv)
     if args.greedy and args.top_k not in (None, 1):
         parser.error("--greedy is --top-k 1; leave out --top-k.")
 
-    runner = load_runner()
     top_k = 1 if args.greedy else args.top_k
     sampler = {"top_k": top_k, "top_p": args.top_p, "temperature": args.temperature, "seed": args.seed}
     try:
         model = runner.LiteRTLMModel(args.bundle, num_threads=args.num_threads)
-        model.check_request(args.prompt, args.max_new_tokens)
+        model.check_request(args.prompt, args.max_new_tokens, **sampler)
         print(args.prompt, end="", flush=True)
         for text in model.stream(args.prompt, args.max_new_tokens, **sampler):
             print(text, end="", flush=True)

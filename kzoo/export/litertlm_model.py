@@ -11,6 +11,7 @@ tokens, the default sampler). The runtime tokenizes the prompt, prefills it in c
 decodes one token at a time until a stop token, `max_new_tokens` or the maximum.
 """
 
+import math
 import struct
 import time
 from pathlib import Path
@@ -18,6 +19,40 @@ from pathlib import Path
 _MAGIC = b"LITERTLM"
 _HEADER_BEGIN = 32  # the header's flatbuffer starts here; its end offset is stored at byte 24
 _HEADER_END_AT = 24
+
+# The options LiteRT-LM takes, as (type, lowest, highest): the runtime passes integers as
+# 32-bit C ints, which would silently wrap (a top-k of 2**32 + 1 samples greedily).
+_INT32 = 2**31 - 1
+OPTIONS = {
+    "num_threads": (int, 1, _INT32),
+    "top_k": (int, 1, _INT32),
+    "top_p": (float, 0.0, 1.0),
+    "temperature": (float, 0.0, math.inf),
+    "seed": (int, -_INT32 - 1, _INT32),
+}
+
+
+def option_problem(name, value):
+    """What is wrong with `value` for the option `name` of `OPTIONS` ("must be ...; received
+    ..."), or None if nothing is (None itself is the default)."""
+    kind, low, high = OPTIONS[name]
+    number = (int, float) if kind is float else int
+    if value is None or (
+        isinstance(value, number) and not isinstance(value, bool) and math.isfinite(value) and low <= value <= high
+    ):
+        return None
+    if kind is int:
+        return f"must be an integer in [{low}, {high}]; received {value!r}"
+    upper = f"{high:g}]" if math.isfinite(high) else "inf)"
+    return f"must be a finite number in [{low:g}, {upper}; received {value!r}"
+
+
+def check_options(**options):
+    """Raises ValueError naming the first option of `OPTIONS` that is out of its range."""
+    for name, value in options.items():
+        problem = option_problem(name, value)
+        if problem:
+            raise ValueError(f"`{name}` {problem}.")
 
 
 class LiteRTLMModel:
@@ -29,7 +64,8 @@ class LiteRTLMModel:
     the tokens of the Keras model's greedy `generate` (the exporter checks this).
 
     Bad input raises ValueError before the runtime sees it: an empty prompt, a prompt that
-    leaves no room in the bundle's `max_num_tokens`, `max_new_tokens` beyond that room.
+    leaves no room in the bundle's `max_num_tokens`, `max_new_tokens` beyond that room, a
+    sampler option or thread count out of its range (`OPTIONS`).
     Characters outside the vocabulary are tokenized as the bundle's tokenizer says (kzoo's
     character tokenizer: the unknown id 26).
 
@@ -49,6 +85,7 @@ class LiteRTLMModel:
     def __init__(self, path, num_threads=2, cache_dir=None):
         import litert_lm
 
+        check_options(num_threads=num_threads)
         self.path = Path(path)
         self.metadata = read_metadata(self.path)
         self.max_num_tokens = int(self.metadata.max_num_tokens)
@@ -84,7 +121,7 @@ class LiteRTLMModel:
             top_k, top_p, temperature, seed: the sampler; all None gives the bundle's
                 default sampler, `top_k=1` greedy decoding. A fixed seed repeats the text.
         """
-        session = self._session(prompt, max_new_tokens, top_k, top_p, temperature, seed)
+        session = self._session(prompt, max_new_tokens, top_k=top_k, top_p=top_p, temperature=temperature, seed=seed)
         try:
             session.run_prefill([prompt])
             for response in session.run_decode_async():
@@ -100,8 +137,7 @@ class LiteRTLMModel:
         """`(text, timing)`: `generate` and the runtime's own timing of it:
         `{"prefill_tokens", "prefill_tokens_per_second", "decode_tokens",
         "decode_tokens_per_second", "seconds"}` (wall time from prefill to the last token)."""
-        options = (sampler.get(name) for name in ("top_k", "top_p", "temperature", "seed"))
-        session = self._session(prompt, max_new_tokens, *options)
+        session = self._session(prompt, max_new_tokens, **sampler)
         try:
             start = time.perf_counter()
             session.run_prefill([prompt])
@@ -118,8 +154,10 @@ class LiteRTLMModel:
             "seconds": seconds,
         }
 
-    def check_request(self, prompt, max_new_tokens=None):
-        """The number of new tokens a request gets; raises ValueError for a bad one."""
+    def check_request(self, prompt, max_new_tokens=None, **sampler):
+        """The number of new tokens a request gets; raises ValueError for a bad one (`sampler`:
+        `stream`'s options)."""
+        check_options(**sampler)
         if not isinstance(prompt, str) or not prompt:
             raise ValueError(f"The prompt must be a non-empty string; received {prompt!r}.")
         length = len(self.start_token_ids) + len(self.tokenize(prompt))
@@ -138,13 +176,15 @@ class LiteRTLMModel:
             )
         return max_new_tokens
 
-    def _session(self, prompt, max_new_tokens, top_k, top_p, temperature, seed):
-        max_new_tokens = self.check_request(prompt, max_new_tokens)
+    def _session(self, prompt, max_new_tokens, top_k=None, top_p=None, temperature=None, seed=None):
+        max_new_tokens = self.check_request(
+            prompt, max_new_tokens, top_k=top_k, top_p=top_p, temperature=temperature, seed=seed
+        )
         # Unset options come from the bundle's sampler: litert_lm would make them greedy.
         default = self.metadata.sampler_params
         greedy = default.type == default.GREEDY
         sampler = self._litert_lm.SamplerConfig(
-            top_k=top_k or (1 if greedy else default.k or None),
+            top_k=top_k if top_k is not None else (1 if greedy else default.k or None),
             top_p=default.p if top_p is None else top_p,
             temperature=default.temperature if temperature is None else temperature,
             seed=default.seed if seed is None else seed,

@@ -1,5 +1,6 @@
 """LiteRT-LM bundles: run in Google's runtime (litert_lm), they give the Keras model's greedy text."""
 
+import importlib.util
 import json
 import lzma
 import os
@@ -156,6 +157,50 @@ def test_bad_requests_get_clear_errors(runtime):
     with pytest.raises(ValueError, match=r"`max_new_tokens` must be in \[1, 26\].* received 27"):
         runtime.generate("ROMEO:", 27)
     assert len(runtime.generate("ROMEO:", 26, top_k=1)) == 26
+
+
+@pytest.mark.parametrize(
+    "flag, value, message",
+    [
+        ("--top-p", "1.5", "must be a finite number in [0, 1]; received 1.5"),
+        ("--top-k", "0", "must be an integer in [1, 2147483647]; received 0"),
+        ("--top-k", "4294967297", "must be an integer in [1, 2147483647]; received 4294967297"),  # wraps to 1 in C
+        ("--temperature", "nan", "must be a finite number in [0, inf); received nan"),
+        ("--seed", "4294967296", "must be an integer in [-2147483648, 2147483647]; received 4294967296"),
+        ("--num-threads", "0", "must be an integer in [1, 2147483647]; received 0"),
+        ("--max-new-tokens", "0", "`max_new_tokens` must be in [1, 26]"),
+    ],
+    ids=["top_p", "top_k", "top_k_wrapping", "temperature", "seed_wrapping", "num_threads", "max_new_tokens"],
+)
+def test_serve_checks_every_flag_before_printing_anything(exported, flag, value, message, capsys):
+    script = _load(REPOSITORY / "export" / "serve_litertlm.py")
+    bundle = exported[0] / "export" / "model.litertlm"
+    try:
+        status = script.main([str(bundle), "--prompt", "ROMEO:", flag, value])
+    except SystemExit as exit:  # argparse
+        status = exit.code
+    output = capsys.readouterr()
+    assert status in (1, 2) and output.out == ""
+    assert message in output.err and (flag in output.err or flag == "--max-new-tokens")
+
+
+def test_sampler_options_out_of_range_are_refused_by_name(runtime):
+    for options, name in [
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_k": 0}, "top_k"),  # was taken as "the bundle's default"
+        ({"temperature": -1.0}, "temperature"),
+        ({"seed": 2**40}, "seed"),
+        ({"top_k": 2.5}, "top_k"),
+    ]:
+        with pytest.raises(ValueError, match=f"`{name}` must be"):
+            runtime.generate("ROMEO:", 4, **options)
+
+
+def _load(path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_a_truncated_or_foreign_file_is_refused_by_name(exported, tmp_path):
