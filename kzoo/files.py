@@ -72,7 +72,7 @@ def atomic_folder(path, overwrite=False, hint="choose another folder"):
         remove_stale_staging(path)
         staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.{_owner()}.", suffix=".partial", dir=path.parent))
     except (FileExistsError, NotADirectoryError) as error:
-        raise FolderError(f"Cannot create {path}: {error.filename} is not a folder.") from error
+        raise FolderError(f"Cannot create {path}: its parent {error.filename} is not a folder.") from error
     except OSError as error:
         raise FolderError(f"Cannot write into {path.parent}: {error.strerror}.") from error
     try:

@@ -23,6 +23,7 @@ import tensorflow as tf
 
 import kzoo
 from kzoo import export
+from kzoo.files import remove_stale_staging
 from tests.export.tiny_models import build
 
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -363,5 +364,5 @@ def test_a_partial_folder_of_a_running_export_is_kept(tmp_path):
     other_host = tmp_path / ".out.elsewhere-1.abcd1234.partial"
     running.mkdir()
     other_host.mkdir()
-    export.exporter._remove_stale_staging(tmp_path / "out")
+    remove_stale_staging(tmp_path / "out")
     assert running.is_dir() and other_host.is_dir()

@@ -33,7 +33,7 @@ from kzoo.export.exporter import FORMATS
 from kzoo.export.exporter import REPORT_FILE
 from kzoo.export.exporter import ExportError
 from kzoo.export.exporter import export
-from kzoo.export.exporter import tflite_file_name
+from kzoo.export.formats import tflite_file_name
 from kzoo.export.litert_model import LiteRTModel
 from kzoo.export.litertlm import RuntimeSignatures
 from kzoo.export.litertlm_model import LiteRTLMModel

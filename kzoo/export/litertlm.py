@@ -37,15 +37,11 @@ import tensorflow as tf
 from kzoo.export import litertlm_model
 from kzoo.export import verification
 from kzoo.export.serving_signatures import state_specs
+from kzoo.export.tflite_conversion import TFLITE_FORMATS
 from kzoo.export.tflite_conversion import convert
 from kzoo.export.tflite_conversion import op_census
 from kzoo.models import TiedLogits
 
-# Format -> (file, the TFLite conversion of its model).
-BUNDLES = {
-    "litertlm": ("model.litertlm", "tflite_fp32"),
-    "litertlm_int8": ("model_int8.litertlm", "tflite_int8_dynamic"),
-}
 # Prefill chunk lengths, of which those that divide the cache length are used.
 DEFAULT_PREFILL_LENGTHS = (16, 64, 256)
 
@@ -223,114 +219,101 @@ def write_bundle(path, tflite_model, tokenizer_json, metadata):
             builder.build(file)
 
 
-def export_bundles(
-    model,
-    tokenizer,
-    folder,
-    reference,
-    *,
-    cache_length,
-    lengths=None,
-    generate_tokens=32,
-    quality_bound=0.05,
-    num_threads=2,
-):
-    """Writes `model.litertlm` (float32) and `model_int8.litertlm` (int8 weights, dynamic range)
-    into `folder` and checks each in LiteRT-LM against the Keras model.
+class Bundles:
+    """The LiteRT-LM bundles of one model: `write` makes one and measures it in the runtime.
 
-    Checks, per bundle: the runtime's tokenizer gives the Keras tokenizer's ids for each
-    prompt; greedy text from the runtime (`top_k=1`) against Keras' greedy `generate` on a
-    one-token prompt, a short one and one longer than the largest prefill chunk where the
-    cache allows; and the next-token logits of the bundle's model (its `decode` signature, run
-    over held-out rows one token at a time) against Keras' logits. The caller decides which
-    results pass (`kzoo.export.export`: float32 must match, int8 stay within a quality bound).
+    What they share is made once: the signatures, the tokenizer (`kzoo.data.tokenizer_json`)
+    and the Keras model's greedy texts. In LiteRT-LM, the runtime's tokenizer must give the
+    Keras tokenizer's ids for each prompt, and its greedy text (`top_k=1`) is compared with
+    Keras' greedy `generate` on a one-token prompt, a short one and one longer than the largest
+    prefill chunk where the cache allows; the next-token logits of the bundle's `decode`
+    signature over held-out rows are compared with Keras'. The caller decides which results
+    pass (`kzoo.export.formats.LiteRTLMBundle`).
 
     Args:
         model: a `GPTCausalLM` (a task with the serving interface and `generate`).
         tokenizer: its keras-hub tokenizer (one `kzoo.data.tokenizer_json` writes).
-        folder: where the two files go.
-        reference: `Reference`, the held-out rows and what Keras gives for them.
-        cache_length: int, the bundle's `max_num_tokens`.
-        lengths: the prefill chunk lengths (`prefill_lengths`).
-        generate_tokens: int, new tokens per greedy check.
-        quality_bound: float, recorded with the int8 quality (nats).
-        num_threads: int, the runtime's CPU threads.
-
-    Returns:
-        `{"litertlm": record, "litertlm_int8": record}`; a record has the file's `path`,
-        `size_bytes`, `tflite_bytes`, `prefill_lengths`, `max_num_tokens`, `export_seconds`,
-        `ops`, `max_abs_diff` and `quality` (over the reference rows), `tokenizer` and
-        `generation` (`matches_keras`, `token_agreement` and the cases), and `latency_ms`.
-    """
-    from kzoo.data.tokenizer_json import hugging_face_tokenizer  # kzoo.data imports tensorflow-datasets
-
-    exported = hugging_face_tokenizer(tokenizer)
-    signatures = RuntimeSignatures(model, cache_length, lengths)
-    metadata = llm_metadata(cache_length, exported.stop_token_ids, exported.start_token_id)
-    cases = _generation_cases(model, tokenizer, reference, signatures, exported, generate_tokens)
-    positions = min(cache_length, reference.token_ids.shape[1])
-    keras_logits, targets = reference.logits[:, :positions], reference.targets[:, :positions]
-    weights = None if reference.sample_weight is None else reference.sample_weight[:, :positions]
-    keras_cross_entropy = verification.quality(keras_logits, targets, weights)["cross_entropy"]
-    records = {}
-    for name, (file_name, tflite_format) in BUNDLES.items():
-        start = time.perf_counter()
-        flatbuffer = convert(signatures, tflite_format)
-        path = Path(folder) / file_name
-        write_bundle(path, flatbuffer, exported.tokenizer.to_str(), metadata)
-        seconds = time.perf_counter() - start
-        logits = np.stack(
-            [
-                litertlm_model.teacher_forced_logits(flatbuffer, row[:positions], num_threads)
-                for row in reference.token_ids
-            ]
-        )
-        quality = verification.quality(logits, targets, weights, keras_logits)
-        quality["keras_cross_entropy"] = keras_cross_entropy
-        quality["cross_entropy_increase"] = quality["cross_entropy"] - keras_cross_entropy
-        if tflite_format != "tflite_fp32":
-            quality["bound"] = quality_bound
-        record = {
-            "path": file_name,
-            "size_bytes": path.stat().st_size,
-            "tflite_bytes": len(flatbuffer),
-            "description": "float32" if tflite_format == "tflite_fp32" else "int8 weights, dynamic range",
-            "prefill_lengths": list(signatures.prefill_lengths),
-            "max_num_tokens": cache_length,
-            "export_seconds": round(seconds, 2),
-            "ops": op_census(flatbuffer),
-            "max_abs_diff": {str(positions): verification.max_abs_diff(logits, keras_logits)},
-            "tolerance": {str(positions): verification.fp32_tolerance(keras_logits)},
-            "quality": quality,
-            "checked_rows": len(reference.token_ids),
-        }
-        runtime = litertlm_model.LiteRTLMModel(path, num_threads)
-        try:
-            record.update(_run_cases(runtime, cases))
-        finally:
-            runtime.close()
-        records[name] = record
-    return records
-
-
-@dataclasses.dataclass
-class Reference:
-    """Held-out rows and the Keras model's outputs for them.
-
-    Attributes:
         token_ids: int `(N, T)`, held-out rows (T at least the cache length, or all of it).
         logits: float `(N, T, V)`, the Keras model's logits for them.
         targets: int `(N, T)`, the next tokens (or the Keras argmax for synthetic rows).
         sample_weight: `(N, T)` or None.
+        cache_length: int, the bundles' `max_num_tokens`.
+        lengths: the prefill chunk lengths (`prefill_lengths`).
+        generate_tokens: int, new tokens per greedy check.
+        num_threads: int, the runtime's CPU threads.
     """
 
-    token_ids: np.ndarray
-    logits: np.ndarray
-    targets: np.ndarray
-    sample_weight: object = None
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        token_ids,
+        logits,
+        targets,
+        sample_weight=None,
+        *,
+        cache_length,
+        lengths=None,
+        generate_tokens=32,
+        num_threads=2,
+    ):
+        from kzoo.data.tokenizer_json import hugging_face_tokenizer  # kzoo.data imports tensorflow-datasets
+
+        self.exported = hugging_face_tokenizer(tokenizer)
+        self.signatures = RuntimeSignatures(model, cache_length, lengths)
+        self.metadata = llm_metadata(cache_length, self.exported.stop_token_ids, self.exported.start_token_id)
+        self.cases = _generation_cases(model, tokenizer, token_ids, self.signatures, self.exported, generate_tokens)
+        self.positions = min(cache_length, token_ids.shape[1])
+        cut = slice(0, self.positions)
+        self.token_ids, self.logits, self.targets = token_ids[:, cut], logits[:, cut], targets[:, cut]
+        self.weights = None if sample_weight is None else sample_weight[:, cut]
+        self.keras_cross_entropy = verification.quality(self.logits, self.targets, self.weights)["cross_entropy"]
+        self.num_threads = num_threads
+
+    def write(self, path, tflite_format):
+        """Writes the bundle `path`, its model converted as `tflite_format` ("tflite_fp32",
+        "tflite_int8_dynamic"), and checks it.
+
+        Returns:
+            The record: the file's `path` (its name), `size_bytes`, `tflite_bytes`,
+            `description`, `prefill_lengths`, `max_num_tokens`, `export_seconds`, `ops`,
+            `max_abs_diff` and `tolerance` and `quality` (over the reference rows), `checked_rows`,
+            `tokenizer` and `generation` (`matches_keras`, `token_agreement` and the cases), and
+            `latency_ms`.
+        """
+        start = time.perf_counter()
+        flatbuffer = convert(self.signatures, tflite_format)
+        write_bundle(path, flatbuffer, self.exported.tokenizer.to_str(), self.metadata)
+        seconds = time.perf_counter() - start
+        logits = np.stack(
+            [litertlm_model.teacher_forced_logits(flatbuffer, row, self.num_threads) for row in self.token_ids]
+        )
+        quality = verification.quality(logits, self.targets, self.weights, self.logits)
+        quality["keras_cross_entropy"] = self.keras_cross_entropy
+        quality["cross_entropy_increase"] = quality["cross_entropy"] - self.keras_cross_entropy
+        record = {
+            "path": path.name,
+            "size_bytes": path.stat().st_size,
+            "tflite_bytes": len(flatbuffer),
+            "description": TFLITE_FORMATS[tflite_format],
+            "prefill_lengths": list(self.signatures.prefill_lengths),
+            "max_num_tokens": self.signatures.cache_length,
+            "export_seconds": round(seconds, 2),
+            "ops": op_census(flatbuffer),
+            "max_abs_diff": {str(self.positions): verification.max_abs_diff(logits, self.logits)},
+            "tolerance": {str(self.positions): verification.fp32_tolerance(self.logits)},
+            "quality": quality,
+            "checked_rows": len(self.token_ids),
+        }
+        runtime = litertlm_model.LiteRTLMModel(path, self.num_threads)
+        try:
+            record.update(_run_cases(runtime, self.cases))
+        finally:
+            runtime.close()
+        return record
 
 
-def _generation_cases(model, tokenizer, reference, signatures, exported, generate_tokens):
+def _generation_cases(model, tokenizer, rows, signatures, exported, generate_tokens):
     """Prompts (text and ids) and the Keras model's greedy continuation of each as text.
 
     Lengths: 1, 7 and, where the cache leaves room, longer than the largest prefill chunk;
@@ -340,7 +323,6 @@ def _generation_cases(model, tokenizer, reference, signatures, exported, generat
     new_tokens = max(1, min(generate_tokens, cache_length // 4))
     longest = cache_length - new_tokens
     lengths = sorted({1, min(7, longest), min(2 * signatures.prefill_lengths[-1] + 3, longest)})
-    rows = reference.token_ids
     start = [exported.start_token_id] if exported.start_token_id is not None else []
     cases = []
     for i, length in enumerate(lengths):

@@ -78,3 +78,37 @@ def compare_generations(generated, reference, prompt_lengths):
         total += max(len(tokens), len(expected)) - start
         equal += sum(a == b for a, b in zip(tokens[start:], expected[start:]))
     return {"matches_keras": generated == reference, "token_agreement": equal / max(total, 1)}
+
+
+def failures(name, record):
+    """Messages for every check the report `record` of the artifact `name` fails: a quantized
+    one (its quality has a `bound`) the held-out cross-entropy bound, a float32 one the
+    tolerance at each checked length, and Keras' generation, tokenizer and text signature."""
+    quality = record["quality"]
+    if "bound" in quality:
+        if quality["cross_entropy_increase"] <= quality["bound"]:
+            return []
+        return [
+            f"{name}: the held-out cross-entropy rises by {quality['cross_entropy_increase']:.4f} nats over Keras "
+            f"({quality['cross_entropy']:.4f}), above the bound {quality['bound']:g}; "
+            "pass a looser bound (--quality-bound) or leave this format out."
+        ]
+    messages = []
+    for length, difference in record["max_abs_diff"].items():
+        tolerance = record["tolerance"][length]
+        if not difference <= tolerance:
+            messages.append(
+                f"{name}: max |logit difference| from Keras is {difference:.3g} at length {length}, above the "
+                f"float32 tolerance {tolerance:.3g} ({FP32_TOLERANCE:g} x max(1, the largest |logit|))."
+            )
+    generation, tokenizer, text = record.get("generation"), record.get("tokenizer"), record.get("text")
+    if generation and not generation["matches_keras"]:
+        messages.append(
+            f"{name}: greedy generation differs from Keras "
+            f"({generation['token_agreement']:.0%} of the generated tokens agree)."
+        )
+    if tokenizer and not tokenizer["matches_keras"]:
+        messages.append(f"{name}: the bundle's tokenizer gives other ids than the Keras tokenizer.")
+    if text and not text["matches_keras"]:
+        messages.append(f"{name}: the text signature on raw strings differs from Keras: {text}")
+    return messages

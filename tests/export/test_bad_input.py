@@ -1,19 +1,24 @@
 """Bad input gives a clear error and leaves nothing behind, through the API and the command line."""
 
+import errno
 import importlib.util
 import os
 from pathlib import Path
 
 import keras
 import pytest
+import tensorflow as tf
 
 from kzoo import export
+from kzoo.export import formats
+from kzoo.export.serving_signatures import ServingSignatures
 from tests.export.tiny_models import build
 
 COMMAND = Path(__file__).resolve().parents[2] / "export" / "export.py"
 _spec = importlib.util.spec_from_file_location("export_command", COMMAND)
 export_command = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(export_command)
+QUICK = dict(num_examples=2, latency_runs=1, generate_tokens=2)
 
 
 @pytest.fixture(scope="module")
@@ -99,13 +104,11 @@ def test_existing_output_is_kept_unless_overwrite(saved_model, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("earlier export")
-    with pytest.raises(export.ExportError, match="is not empty; pass --overwrite"):
+    with pytest.raises(export.ExportError, match="is not an empty folder; pass --overwrite to replace it"):
         export.export(saved_model, out, formats=["tflite_fp32"])
     assert leftovers(out) == ["keep.txt"]
 
-    export.export(
-        saved_model, out, formats=["tflite_fp32"], overwrite=True, num_examples=2, latency_runs=1, generate_tokens=2
-    )
+    export.export(saved_model, out, formats=["tflite_fp32"], overwrite=True, **QUICK)
     assert leftovers(out) == [export.REPORT_FILE, "model_fp32.tflite"]
     assert leftovers(tmp_path) == ["out"]
 
@@ -118,3 +121,59 @@ def test_a_corrupt_tokenizer_beside_the_model(saved_model, tmp_path):
     finally:
         (saved_model.parent / "tokenizer.json").unlink()
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("target_exists", [True, False])
+def test_output_through_a_link_is_written_where_it_points(saved_model, tmp_path, target_exists, capsys):
+    target, link = tmp_path / "target", tmp_path / "link"
+    if target_exists:
+        target.mkdir()
+    link.symlink_to(target)
+    command = [str(saved_model), "--out", str(link), "--formats", "tflite_fp32", "--num-examples", "2"]
+    assert export_command.main([*command, "--latency-runs", "1", "--generate-tokens", "2"]) == 0
+    assert f"Wrote {link}" in capsys.readouterr().out
+    assert link.is_symlink() and link.resolve() == target
+    assert leftovers(target) == [export.REPORT_FILE, "model_fp32.tflite"]
+    assert leftovers(tmp_path) == ["link", "target"]
+
+
+def test_an_output_filled_while_the_export_ran_is_not_replaced(saved_model, tmp_path, monkeypatch):
+    """Another writer fills the new output folder while this export builds its files (two
+    concurrent `export.py` runs to one --out): this one is refused, the other's files stay."""
+    out = tmp_path / "out"
+    build = formats.TFLiteFile.build
+
+    def build_while_another_writes(self, context):
+        out.mkdir()
+        (out / "other.txt").write_text("the other export")
+        return build(self, context)
+
+    monkeypatch.setattr(formats.TFLiteFile, "build", build_while_another_writes)
+    with pytest.raises(export.ExportError, match="was filled by another writer while this one ran; pass --overwrite"):
+        export.export(saved_model, out, formats=["tflite_fp32"], **QUICK)
+    assert leftovers(out) == ["other.txt"] and leftovers(tmp_path) == ["out"]
+
+
+@pytest.mark.parametrize(
+    "format, target, error",
+    [
+        ("tflite_fp32", (Path, "write_bytes"), OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))),
+        # TensorFlow writes the SavedModel itself and raises its own type, with the system's message.
+        (
+            "savedmodel",
+            (ServingSignatures, "save"),
+            tf.errors.ResourceExhaustedError(None, None, "No space left on device"),
+        ),
+    ],
+    ids=["python_write", "tensorflow_write"],
+)
+def test_a_full_disk_is_named_and_nothing_is_written(saved_model, tmp_path, monkeypatch, capsys, format, target, error):
+    def no_space(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(*target, no_space)
+    out = tmp_path / "new" / "out"
+    command = [str(saved_model), "--out", str(out), "--formats", format, "--num-examples", "2", "--latency-runs", "1"]
+    assert export_command.main(command) == 1
+    assert f"export failed: No space left on device: nothing was written to {out}." in capsys.readouterr().err
+    assert leftovers(tmp_path) == []

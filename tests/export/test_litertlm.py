@@ -6,6 +6,7 @@ import lzma
 import os
 import subprocess
 import sys
+import types
 
 import keras
 import keras_hub
@@ -277,7 +278,8 @@ def test_litertlm_applies_only_to_causal_lms_with_a_tokenizer(tmp_path):
     with pytest.raises(export.ExportError, match="litertlm: a LiteRT-LM bundle needs the model's tokenizer"):
         export.export(build("gpt"), tmp_path / "gpt", formats=["litertlm"])
     assert "litertlm" in export.DEFAULT_FORMATS
-    assert exporter._check_litertlm(list(export.DEFAULT_FORMATS), "classifier", None, explicit=False) == [
+    classifier = types.SimpleNamespace(model=None, task="classifier", tokenizer=None)  # what refusals read
+    assert [format.name for format in exporter.Context._applicable(classifier, None)] == [
         "savedmodel",
         "tflite_fp32",
         "tflite_fp16",
@@ -310,10 +312,12 @@ def test_the_float32_tolerance_scales_with_the_logits():
     # 8x failed an absolute 1e-4 at 1.17e-4); one with logits near 1 may not.
     record = {"quality": {}, "max_abs_diff": {"7": 1.2e-4}}
     assert (
-        exporter._failures("tflite_fp32", {**record, "tolerance": {"7": verification.fp32_tolerance(np.array([40.0]))}})
+        verification.failures(
+            "tflite_fp32", {**record, "tolerance": {"7": verification.fp32_tolerance(np.array([40.0]))}}
+        )
         == []
     )
-    assert exporter._failures(
+    assert verification.failures(
         "tflite_fp32", {**record, "tolerance": {"7": verification.fp32_tolerance(np.array([1.0]))}}
     )
 

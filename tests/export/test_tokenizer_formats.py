@@ -62,16 +62,21 @@ def saved_gpt(tmp_path_factory):
     return get
 
 
-def pairs():
-    """Every (kind, format). A TFLite file holds no tokenizer, so only byte-level BPE (whose
-    lookup tables once ended up in the TFLite graph) runs them by default; the rest are slow."""
-    for kind in TOKENIZERS:
-        for format in export.FORMATS:
-            slow = format.startswith("tflite") and kind != "gpt2_bpe"
-            yield pytest.param(kind, format, id=f"{kind}-{format}", marks=[pytest.mark.slow] if slow else [])
+# Every (kind, format). A TFLite file holds no tokenizer, so only byte-level BPE (whose lookup
+# tables once ended up in the TFLite graph) runs them by default; the rest are slow.
+PAIRS = [
+    pytest.param(
+        kind,
+        format,
+        id=f"{kind}-{format}",
+        marks=[pytest.mark.slow] * (format.startswith("tflite") and kind != "gpt2_bpe"),
+    )
+    for kind in TOKENIZERS
+    for format in export.FORMATS
+]
 
 
-@pytest.mark.parametrize("kind, format", pairs())
+@pytest.mark.parametrize("kind, format", PAIRS)
 def test_every_tokenizer_kind_exports_to_every_format(kind, format, saved_gpt, tmp_path):
     path = saved_gpt(kind)
     out = tmp_path / "export"
