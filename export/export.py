@@ -23,7 +23,6 @@ import os
 import sys
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 def count(text):
@@ -83,6 +82,9 @@ def parse_args(argv):
         "--compare-model-export", action="store_true", help="also report the size of Keras' model.export"
     )
     parser.add_argument("--overwrite", action="store_true", help="replace DIR if it exists")
+    parser.add_argument(
+        "--verbose", action="store_true", help="also show TensorFlow's and LiteRT's own log lines (see kzoo.logs)"
+    )
     return parser.parse_args(argv)
 
 
@@ -132,6 +134,8 @@ def summary(report):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.verbose:  # before kzoo imports TensorFlow: kzoo.logs leaves a level that is set alone
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0")
     from kzoo import export as kzoo_export
 
     try:

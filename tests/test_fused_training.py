@@ -9,6 +9,8 @@ on both runs); they check the references against independent arithmetic, and
 that the switch, inference and whole-model XLA never fuse.
 """
 
+import warnings
+
 import keras
 import numpy as np
 import pytest
@@ -95,6 +97,22 @@ def test_softmax_dropout_reference_is_the_masked_softmax_with_key_less_rows_zero
     kept = dropped != 0
     np.testing.assert_allclose(dropped[kept], 2 * want[kept], rtol=1e-5)
     assert 0.35 < kept[want > 0].mean() < 0.65
+
+
+def test_one_key_attention_weighs_it_fully_without_a_warning():
+    """A query with one key (position 0, a one-token prefill) gets weight 1 for it, 0 if it is
+    masked, NaN for a NaN score, as Keras' softmax gives, without Keras' warning that a softmax
+    over one value is likely a mistake."""
+    scores = np.array([[[0.7]], [[-3.0]], [[np.nan]]], "float32")  # (3, 1, 1): one query, one key
+    mask = np.array([[[True]], [[False]], [[True]]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        weights = ops.convert_to_numpy(kzoo.ops.softmax_dropout(scores, mask))
+        unmasked = ops.convert_to_numpy(kzoo.ops.softmax_dropout(scores))
+    np.testing.assert_array_equal(weights.ravel(), [1.0, 0.0, np.nan])
+    np.testing.assert_array_equal(unmasked.ravel(), [1.0, 1.0, np.nan])
+    with pytest.warns(UserWarning, match="softmax over axis -1 of a tensor of shape"):
+        np.testing.assert_array_equal(ops.convert_to_numpy(ops.softmax(scores, axis=-1)), unmasked)
 
 
 def _gamma_beta(d, seed=3):

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+from kzoo import logs
 from kzoo.export import verification
 from kzoo.export.litert_model import LiteRTModel
 from kzoo.export.litert_model import median_ms
@@ -138,7 +139,8 @@ class TFLiteFile(Format):
         seconds = time.perf_counter() - start
         file_name = tflite_file_name(self.name)
         (context.staging / file_name).write_bytes(flatbuffer)
-        runner = LiteRTModel(flatbuffer, LITERT_THREADS)
+        with logs.captured_stderr():
+            runner = LiteRTModel(flatbuffer, LITERT_THREADS)
         record = {
             "path": file_name,
             "size_bytes": len(flatbuffer),

@@ -59,6 +59,7 @@ class LiteRTModel:
                 self.interpreter = Interpreter(model_path=str(model), num_threads=num_threads)
                 with open(model, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
                     self.info = read_info(mapped)
+            self.interpreter.allocate_tensors()  # here, where LiteRT also logs its CPU delegate
             self.signatures = self.interpreter.get_signature_list()
             self._runners = {name: self.interpreter.get_signature_runner(name) for name in self.signatures}
         except (ValueError, RuntimeError, IndexError) as error:

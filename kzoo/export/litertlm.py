@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+from kzoo import logs
 from kzoo.export import litertlm_model
 from kzoo.export import verification
 from kzoo.export.serving_signatures import state_specs
@@ -285,9 +286,10 @@ class Bundles:
         flatbuffer = convert(self.signatures, tflite_format)
         write_bundle(path, flatbuffer, self.exported.tokenizer.to_str(), self.metadata)
         seconds = time.perf_counter() - start
-        logits = np.stack(
-            [litertlm_model.teacher_forced_logits(flatbuffer, row, self.num_threads) for row in self.token_ids]
-        )
+        with logs.captured_stderr():  # LiteRT logs its CPU delegate
+            logits = np.stack(
+                [litertlm_model.teacher_forced_logits(flatbuffer, row, self.num_threads) for row in self.token_ids]
+            )
         quality = verification.quality(logits, self.targets, self.weights, self.logits)
         quality["keras_cross_entropy"] = self.keras_cross_entropy
         quality["cross_entropy_increase"] = quality["cross_entropy"] - self.keras_cross_entropy
@@ -334,23 +336,21 @@ def _generation_cases(model, tokenizer, rows, signatures, exported, generate_tok
                 break
             cut = cut[: max(1, len(cut) - (len(start) + len(ids) - longest))]
         new = min(new_tokens, cache_length - len(start) - len(ids))
-        output = model.generate(
-            [start + ids],
-            max_length=len(start) + len(ids) + new,
-            stop_token_ids=exported.stop_token_ids,
-            jit_compile=False,
-        )[0]
-        generated = output[len(start) + len(ids) :]
+        cases.append({"prompt": text, "prompt_ids": ids, "new_tokens": new})
+    # One ragged batch, each row generating what it would alone: Keras compiles one decoding
+    # loop for all the prompts, not one per prompt length.
+    prompts = [start + case["prompt_ids"] for case in cases]
+    outputs = model.generate(
+        prompts,
+        max_length=max(len(prompt) + case["new_tokens"] for prompt, case in zip(prompts, cases)),
+        stop_token_ids=exported.stop_token_ids,
+        jit_compile=False,
+    )
+    for prompt, case, output in zip(prompts, cases, outputs):
+        generated = output[len(prompt) : len(prompt) + case["new_tokens"]]
         if generated and generated[-1] in exported.stop_token_ids:
             generated = generated[:-1]  # the runtime does not return the stop token
-        cases.append(
-            {
-                "prompt": text,
-                "prompt_ids": ids,
-                "new_tokens": new,
-                "keras": _runtime_text(tokenizer.detokenize(generated)) if generated else "",
-            }
-        )
+        case["keras"] = _runtime_text(tokenizer.detokenize(generated)) if generated else ""
     return cases
 
 

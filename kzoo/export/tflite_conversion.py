@@ -9,6 +9,7 @@ import tensorflow as tf
 from ai_edge_litert import schema_py_generated as schema
 from ai_edge_litert.tools import flatbuffer_utils
 
+from kzoo import logs
 from kzoo.export.serving_signatures import INFO_NAME
 
 # Format name -> what its weights and activations are. Every format keeps a
@@ -64,8 +65,9 @@ def convert(signatures, tflite_format, representative_dataset=None, generation=T
             raise ValueError("tflite_int8 needs a `representative_dataset`.")
         converter.representative_dataset = representative_dataset
         converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
-    with warnings.catch_warnings():
-        # TF's calibrator still runs the deprecated tf.lite.Interpreter; kzoo runs LiteRT.
+    # TF's calibrator still runs the deprecated tf.lite.Interpreter (kzoo runs LiteRT), and
+    # prints its settings from C++.
+    with warnings.catch_warnings(), logs.captured_stderr():
         warnings.filterwarnings("ignore", "(?s).*tf.lite.Interpreter is deprecated", UserWarning)
         flatbuffer = converter.convert()
     if signatures.info is None:

@@ -47,12 +47,21 @@ def _weights(scores, mask, scale):
     dtype = scores.dtype
     scores = ops.cast(scores, "float32") * scale
     if mask is None:
-        return ops.cast(ops.softmax(scores, axis=-1), dtype)
+        return ops.cast(_softmax(scores), dtype)
     # exp(-1e9 - max) is exactly 0 in float32: masked keys get zero weight.
-    weights = ops.softmax(ops.where(mask, scores, _MASKED_SCORE), axis=-1)
+    weights = _softmax(ops.where(mask, scores, _MASKED_SCORE))
     # A row with no key to attend to would be uniform; make it zero.
     has_key = ops.cast(ops.any(mask, axis=-1, keepdims=True), "float32")
     return ops.cast(weights * has_key, dtype)
+
+
+def _softmax(scores):
+    """The softmax over the last axis. Over one key (a query at position 0 of a causal mask,
+    a one-token prefill) it is exp(s - s) = 1, which `ops.softmax` computes too, after a warning
+    that a softmax over one value is likely a mistake: here it is not."""
+    if scores.shape[-1] == 1:
+        return ops.exp(scores - scores)
+    return ops.softmax(scores, axis=-1)
 
 
 def _reference(scores, mask, noise, scale, rate, both):
