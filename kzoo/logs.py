@@ -2,8 +2,11 @@
 
 TensorFlow's libraries log as they load (oneDNN, CUDA drivers) and when they first run (a failed
 `cuInit` on a host without a GPU, the CPU instructions it was built for); LiteRT logs when it
-creates its CPU delegate. `import kzoo` calls `quiet()` first, before it imports Keras and
-TensorFlow: those lines are dropped, unless the import fails, when they are shown with the error.
+creates its CPU delegate or a compiled model, and when it frees a process-wide environment as the
+process exits. `import kzoo` calls `quiet()` first, before it imports Keras and TensorFlow: those
+lines are dropped, unless the import fails, when they are shown with the error; kzoo wraps the
+calls that log later in `captured_stderr`; and what C++ code writes after Python has finished
+exiting goes nowhere.
 
 The usual variable brings them back: with `TF_CPP_MIN_LOG_LEVEL` set (by the user, or by a
 script's `--verbose`, before it imports kzoo), kzoo leaves TensorFlow's logging as that value
@@ -12,6 +15,7 @@ says and captures nothing.
 This module imports only the standard library.
 """
 
+import atexit
 import contextlib
 import os
 import sys
@@ -34,6 +38,8 @@ def quiet(verbose=False):
     if verbose or LEVEL_VARIABLE in os.environ:
         return
     _quiet = True
+    # Registered before Keras and TensorFlow register theirs, so that it runs after them.
+    atexit.register(_drop_stderr)
     if "tensorflow" in sys.modules:  # imported before kzoo: its lines are out already
         return
     # TensorFlow reads the level as it loads; set for the import only, so that child processes
@@ -71,3 +77,12 @@ def captured_stderr():
             sys.stderr.flush()
             os.dup2(saved, 2)
             os.close(saved)
+
+
+def _drop_stderr():
+    """Points the process's stderr at nothing, once Python has run its exit handlers: only C++
+    destructors write after that (LiteRT's log of the environment it frees)."""
+    sys.stderr.flush()
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    os.close(null)

@@ -8,7 +8,8 @@ from pathlib import Path
 REPOSITORY = Path(__file__).resolve().parents[1]
 
 # TensorFlow runs an op (a host without a GPU logs a failed cuInit then); LiteRT allocates a
-# model (it logs its CPU delegate); C code writes inside `captured_stderr`, then fails there.
+# model (it logs its CPU delegate) and compiles one (it logs then, and at exit); C code writes
+# inside `captured_stderr`, then fails there; the program ends with an error of its own.
 _CHILD = """
 import os
 import kzoo
@@ -20,8 +21,11 @@ converter = tf.lite.TFLiteConverter.from_concrete_functions(
     tf.Module(),
 )
 from ai_edge_litert.interpreter import Interpreter
+from ai_edge_litert.compiled_model import CompiledModel
 with logs.captured_stderr():
-    Interpreter(model_content=converter.convert()).allocate_tensors()
+    flatbuffer = converter.convert()
+    Interpreter(model_content=flatbuffer).allocate_tensors()
+    CompiledModel.from_buffer(flatbuffer).create_input_buffer_by_name("serving_default", "x")
     os.write(2, b"dropped\\n")
 try:
     with logs.captured_stderr():
@@ -29,6 +33,7 @@ try:
         raise RuntimeError("a real error")
 except RuntimeError:
     pass
+raise SystemExit("the program's own error")
 """
 
 
@@ -40,12 +45,13 @@ def run(level=None):
     result = subprocess.run(
         [sys.executable, "-c", _CHILD], env=environment, capture_output=True, text=True, timeout=300
     )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout == "4.0\n"
+    assert result.returncode == 1 and result.stdout == "4.0\n"
     return result.stderr
 
 
 def test_quiet_unless_the_level_is_set():
-    assert run() == "what the failing call wrote\n"  # only what a failing block wrote
+    # Only what a failing block wrote, and the program's own error.
+    assert run() == "what the failing call wrote\nthe program's own error\n"
     verbose = run("0")
-    assert "Created TensorFlow Lite XNNPACK delegate for CPU" in verbose and "dropped" in verbose
+    for line in ("Created TensorFlow Lite XNNPACK delegate for CPU", "DestroyAccelerator", "dropped", "own error"):
+        assert line in verbose

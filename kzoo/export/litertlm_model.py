@@ -269,18 +269,39 @@ def _read(path, begin, end):
 
 def teacher_forced_logits(tflite_model, token_ids, num_threads=2):
     """The next-token logits `(T, V)` at every position of `token_ids` (T ints), computed by
-    the `decode` signature of a bundle's TFLite model one token at a time in LiteRT, with the
-    KV cache passed from step to step: what the runtime computes, without its sampler."""
-    import numpy as np
-    from ai_edge_litert.interpreter import Interpreter
+    the `decode` signature of a bundle's TFLite model one token at a time in LiteRT: what the
+    runtime computes, without its sampler.
 
-    interpreter = Interpreter(model_content=bytes(tflite_model), num_threads=num_threads)
-    decode = interpreter.get_signature_runner("decode")
-    details = decode.get_input_details()
-    state = {name: np.zeros(d["shape"], d["dtype"]) for name, d in details.items() if name.startswith("kv_cache_")}
-    logits = []
+    As LiteRT-LM's CPU executor does, one buffer holds each `kv_cache_*` tensor, bound as the
+    signature's input and as its output of the same name, so that each step updates the cache
+    in place; passing the cache in and out as arrays copies all of it at every step, a cost
+    that grows with the square of the cache length over a whole row. LiteRT logs as it makes
+    and frees the model (`kzoo.logs.captured_stderr` keeps that out of kzoo's output).
+    """
+    import ai_edge_litert
+    import numpy as np
+    from ai_edge_litert.compiled_model import CompiledModel
+    from ai_edge_litert.environment import Environment
+    from ai_edge_litert.options import CpuOptions
+    from ai_edge_litert.options import Options
+
+    # Its own environment, closed here: the default one lives until the process exits, and logs then.
+    environment = Environment.create(runtime_path=str(Path(ai_edge_litert.__file__).parent))
+    options = Options(cpu_options=CpuOptions(num_threads=num_threads))
+    model = CompiledModel.from_buffer(bytes(tflite_model), environment=environment, options=options)
+    details = model.get_input_tensor_details("decode")
+    inputs = {name: model.create_input_buffer_by_name("decode", name) for name in details}
+    for name, tensor in details.items():
+        inputs[name].write(np.zeros(tensor["shape"], tensor["dtype"]))
+    logits = model.create_output_buffer_by_name("decode", "logits")
+    outputs = {"logits": logits, **{name: buffer for name, buffer in inputs.items() if name.startswith("kv_cache_")}}
+    size = model.get_output_tensor_details("decode")["logits"]["shape"][-1]  # (1, 1, V)
+    rows = []
     for position, token in enumerate(token_ids):
-        outputs = decode(tokens=np.asarray([[token]], np.int32), input_pos=np.asarray([position], np.int32), **state)
-        logits.append(outputs["logits"][0, -1])
-        state = {name: outputs[name] for name in state}
-    return np.stack(logits)
+        inputs["tokens"].write(np.asarray([[token]], np.int32))
+        inputs["input_pos"].write(np.asarray([position], np.int32))
+        model.run_by_name("decode", inputs, outputs)
+        rows.append(logits.read(size, np.float32))
+    model.close()
+    environment.close()
+    return np.stack(rows)

@@ -109,6 +109,23 @@ def test_the_model_follows_the_runtime_conventions(exported):
     assert interpreter.get_signature_runner("decode").get_output_details()["logits"]["shape"].tolist() == [1, 1, 128]
 
 
+def test_the_check_in_place_gives_the_logits_of_decode_with_the_cache_passed_along(exported):
+    """The exporter's float32 check updates one cache buffer in place; the plain way, the
+    cache passed out of each `decode` call and into the next, gives the same logits."""
+    for bundle in ("model.litertlm", "model_int8.litertlm"):
+        flatbuffer = litertlm_model.read_tflite_model(exported[0] / "export" / bundle)
+        decode = Interpreter(model_content=flatbuffer).get_signature_runner("decode")
+        cache = {
+            name: np.zeros(d["shape"], d["dtype"]) for name, d in decode.get_input_details().items() if "kv" in name
+        }
+        tokens, expected = np.random.default_rng(0).integers(1, 128, CACHE_LENGTH), []
+        for position, token in enumerate(tokens):
+            outputs = decode(tokens=np.int32([[token]]), input_pos=np.int32([position]), **cache)
+            cache = {name: outputs[name] for name in cache}
+            expected.append(outputs["logits"][0, -1])
+        np.testing.assert_array_equal(litertlm_model.teacher_forced_logits(flatbuffer, tokens), expected)
+
+
 def test_a_prefill_chunk_past_the_cache_fails_instead_of_overwriting_it(exported):
     flatbuffer = litertlm_model.read_tflite_model(exported[0] / "export" / "model.litertlm")
     prefill = Interpreter(model_content=flatbuffer).get_signature_runner("prefill_16")
