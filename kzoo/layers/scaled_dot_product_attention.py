@@ -16,6 +16,7 @@ def scaled_dot_product_attention(
     training=None,
     return_scores=False,
     seed=None,
+    soft_cap=None,
 ):
     """Scaled dot-product attention: softmax(Q K^T * scale) V.
 
@@ -41,6 +42,9 @@ def scaled_dot_product_attention(
         training: bool, whether dropout is active.
         return_scores: bool; if True also return the attention weights.
         seed: a `keras.random.SeedGenerator` or int for the dropout.
+        soft_cap: None or a float c > 0: the scaled scores s become
+            `c * tanh(s / c)` before the softmax (Gemma 2's attention-logit
+            soft-capping), in the scores' dtype as the reference computes it.
 
     Returns:
         The output `(..., T_q, d_v)`, and with `return_scores=True` a tuple
@@ -56,6 +60,8 @@ def scaled_dot_product_attention(
         Vaswani et al., "Attention Is All You Need", 2017, eq. (1).
     """
     check_rate("dropout_rate", dropout_rate)
+    if soft_cap is not None and not soft_cap > 0:
+        raise ValueError(f"`soft_cap` must be None or a number > 0; received soft_cap={soft_cap!r}.")
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
     if query.shape[-2] == 1:
@@ -65,6 +71,9 @@ def scaled_dot_product_attention(
         scores = ops.swapaxes(ops.matmul(key, ops.swapaxes(query, -1, -2)), -1, -2)
     else:
         scores = ops.matmul(query, ops.swapaxes(key, -1, -2))  # (..., T_q, T_k)
+    if soft_cap is not None:
+        scores = ops.tanh(scores * (scale / soft_cap)) * soft_cap
+        scale = 1.0
     weights = kzoo_ops.softmax_dropout(
         scores, mask, scale=scale, rate=dropout_rate, seed=seed, training=training, return_undropped=return_scores
     )
