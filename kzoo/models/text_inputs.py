@@ -83,6 +83,20 @@ def pack(backbone, tokenizer, texts, max_length=None):
     return {"token_ids": token_ids.to_tensor(), "padding_mask": tf.ones_like(token_ids).to_tensor()}
 
 
+def start_ids(tokenizer):
+    """The ids a checkpoint's tokenizer puts before every text (a Llama or Gemma `<bos>`), as a
+    list: `[tokenizer.start_token_id]` for a tokenizer that says it adds it (`add_start_token`),
+    else none (GPT-2's and kzoo's own tokenizers add nothing)."""
+    if getattr(tokenizer, "add_start_token", False) and getattr(tokenizer, "start_token_id", None) is not None:
+        return [int(tokenizer.start_token_id)]
+    return []
+
+
+def prompt_ids(tokenizer, text):
+    """The token ids of one prompt as the tokenizer's checkpoint encodes it: `start_ids` and the tokens."""
+    return start_ids(tokenizer) + [int(token) for token in np.asarray(tokenizer.tokenize(text)).reshape(-1)]
+
+
 def detokenize(tokenizer, token_ids):
     """The text of one list of token ids, as a Python string."""
     text = tokenizer.detokenize(list(token_ids))
