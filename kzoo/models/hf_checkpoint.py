@@ -196,14 +196,14 @@ def head_of(family, task_cls):
 
 
 def is_hf_folder(path):
-    """Whether `path` is a folder with a `transformers` `config.json` (one with a `model_type`)."""
-    config = Path(path) / CONFIG_FILE
-    if not config.is_file():
+    """Whether `path` is a folder with a `transformers` `config.json` (one with a `model_type`).
+
+    Raises:
+        CheckpointError: for a `config.json` that is not a JSON object, naming it.
+    """
+    if not (Path(path) / CONFIG_FILE).is_file():
         return False
-    try:
-        return "model_type" in json.loads(config.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError):
-        return False
+    return "model_type" in read_config(path)
 
 
 def read_config(path):
