@@ -315,6 +315,47 @@ class DecoderBackbone(Backbone):
         `(batch_size, num_key_value_heads, cache_length, head_dim)`."""
         return [block.empty_cache(batch_size, cache_length, dtype) for block in self.transformer_blocks]
 
+    @staticmethod
+    def get_layout_map(device_mesh, model_parallel_dim_name="model", data_parallel_dim_name="batch"):
+        """How to shard a decoder's weights over the `model_parallel_dim_name` axis of a device mesh,
+        for `keras.distribution.ModelParallel` (JAX): tensor parallelism in Megatron's pattern.
+
+        Attention splits its heads (the query, key and value projections by output head, W^O by
+        input head; the key / value heads must divide by the axis' size), the feed-forward network
+        its hidden units (the first layers by output, the last by input), so each block exchanges
+        its partial sums twice; the token table and an untied LM head split the vocabulary. Norms
+        and biases are replicated. Build the model inside `distribution.scope()`.
+
+        Args:
+            device_mesh: a `keras.distribution.DeviceMesh`.
+            model_parallel_dim_name: the mesh axis the weights are split over.
+            data_parallel_dim_name: the mesh axis the batch is split over (unused by weights,
+                named for `ModelParallel(batch_dim_name=...)`).
+
+        Returns:
+            A `keras.distribution.LayoutMap`.
+
+        Example:
+        >>> mesh = keras.distribution.DeviceMesh((1, 2), ("batch", "model"), keras.distribution.list_devices())
+        >>> layout_map = DecoderBackbone.get_layout_map(mesh)
+        >>> distribution = keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch")
+        >>> with distribution.scope():
+        ...     lm = kzoo.models.CausalLM.from_preset("llama_tiny")
+        """
+        del data_parallel_dim_name  # the batch axis shards data, not weights
+        model = model_parallel_dim_name
+        layout_map = keras.distribution.LayoutMap(device_mesh)
+        # Keys are regular expressions that must match a variable's whole path.
+        layout_map[r".*token_embedding/embeddings"] = (model, None)  # (V, d)
+        layout_map[r".*self_attention/(query|key|value)/kernel"] = (None, model, None)  # (d, heads, head_dim)
+        layout_map[r".*self_attention/(query|key|value)/bias"] = (model, None)  # (heads, head_dim)
+        layout_map[r".*self_attention/attention_output/kernel"] = (model, None, None)  # (heads, head_dim, d)
+        layout_map[r".*feed_forward/(gate_dense|intermediate_dense)/kernel"] = (None, model)  # (d, d_ff)
+        layout_map[r".*feed_forward/(gate_dense|intermediate_dense)/bias"] = (model,)
+        layout_map[r".*feed_forward/output_dense/kernel"] = (model, None)  # (d_ff, d)
+        layout_map[r".*lm_head/kernel"] = (None, model)  # (d, V)
+        return layout_map
+
     def get_config(self):
         config = super().get_config()
         config.update(
