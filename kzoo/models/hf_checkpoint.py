@@ -96,6 +96,35 @@ def linear(layer, name, input_axes=1, transposed=True):
     return TensorMap((layer.kernel, bias), (f"{name}.weight", f"{name}.bias"), to_keras, to_hf, (layer,))
 
 
+def fused_linear(layers, name, transposed=True):
+    """One `torch.nn.Linear` (or GPT-2 `Conv1D`, not `transposed`) `name` holding the projections of
+    several `Dense` / `EinsumDense` `layers` one after another along its outputs: GPT-2's `c_attn`
+    (query, key and value, with biases), Phi-3's `qkv_proj` and `gate_up_proj`."""
+    kernel_shapes = [tuple(layer.kernel.shape) for layer in layers]
+    biases = [getattr(layer, "bias", None) for layer in layers]
+    sizes = [math.prod(shape[1:]) for shape in kernel_shapes]
+    splits = np.cumsum(sizes)[:-1]
+
+    def to_keras(arrays):
+        weight = arrays[0] if transposed else arrays[0].T  # (outputs, in)
+        kernels = [part.T.reshape(shape) for part, shape in zip(np.split(weight, splits), kernel_shapes)]
+        if biases[0] is None:
+            return kernels
+        parts = np.split(arrays[1], splits)
+        return [a for kernel, bias, part in zip(kernels, biases, parts) for a in (kernel, part.reshape(bias.shape))]
+
+    def to_hf(arrays):
+        kernels = arrays if biases[0] is None else arrays[0::2]
+        weight = np.concatenate([kernel.reshape(kernel.shape[0], -1) for kernel in kernels], axis=1)  # (in, outputs)
+        weight = weight.T if transposed else weight
+        return [weight] if biases[0] is None else [weight, np.concatenate([b.reshape(-1) for b in arrays[1::2]])]
+
+    if biases[0] is None:
+        return TensorMap(tuple(layer.kernel for layer in layers), (f"{name}.weight",), to_keras, to_hf, tuple(layers))
+    weights = tuple(weight for layer, bias in zip(layers, biases) for weight in (layer.kernel, bias))
+    return TensorMap(weights, (f"{name}.weight", f"{name}.bias"), to_keras, to_hf, tuple(layers))
+
+
 def norm(layer, name):
     """`name.weight` (and `name.bias`) as a LayerNorm's gamma and beta, or an RMSNorm's scale."""
     if hasattr(layer, "gamma"):

@@ -151,6 +151,15 @@ DECODERS = {
         "Qwen3ForCausalLM",
         dict(head_dim=16, rope_parameters={"rope_type": "linear", "rope_theta": 1000.0, "factor": 2.0}),
     ),
+    "phi3": (
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        dict(
+            sliding_window=4,
+            pad_token_id=0,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+        ),
+    ),
     "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(head_dim=16)),
     "gemma2": (
         "Gemma2Config",

@@ -166,3 +166,26 @@ def test_a_bad_config_is_refused_before_anything_is_built(tmp_path, folders, fie
     folder = edit_config(folders["llama"][0], tmp_path / "bad", **fields)
     with pytest.raises(CheckpointError, match=message):
         load(folder, tokenizer=None)
+
+
+def test_gemma3_with_its_vision_tower_loads_its_text_decoder(tmp_path):
+    torch.manual_seed(0)
+    text = {**hf_folders.DECODER_BASE, **hf_folders.DECODERS["gemma3_text"][2]}
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28)
+    config = transformers.Gemma3Config(
+        text_config=text, vision_config={**vision, "patch_size": 14}, mm_tokens_per_image=4
+    )
+    reference = transformers.Gemma3ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for parameter in reference.parameters():
+            parameter.copy_(torch.randn_like(parameter) * 0.2)
+    reference.save_pretrained(tmp_path / "gemma3")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the vision tower's tensors are not reported: kzoo loads the text decoder
+        lm = kzoo.models.CausalLM.from_preset(str(tmp_path / "gemma3"), tokenizer=None)
+    assert lm.backbone.model_type == "gemma3_text"
+    ids, mask = batch()
+    ours = np.asarray(lm({"token_ids": ids, "padding_mask": mask}))
+    np.testing.assert_allclose(
+        ours[mask == 1], reference_logits(reference, ids, mask)[mask == 1], atol=TOLERANCE, rtol=0
+    )

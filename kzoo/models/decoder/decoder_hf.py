@@ -1,8 +1,8 @@
 """The Llama lineage in Hugging Face's layout: config fields and tensor names for kzoo's decoder.
 
 One tensor map serves every family here: Llama (and SmolLM, which is Llama), Mistral, Qwen2,
-Qwen3, Gemma, Gemma 2 and Gemma 3 name their tensors alike (`model.layers.<i>.self_attn.q_proj`,
-...), and the optional ones follow the config: query/key/value biases (Qwen2), `q_norm` /
+Qwen3, Gemma, Gemma 2, Gemma 3 and Phi-3 name their tensors alike (`model.layers.<i>.self_attn.q_proj`,
+..., where Phi-3 fuses two pairs), and the optional ones follow the config: query/key/value biases (Qwen2), `q_norm` /
 `k_norm` (Qwen3, Gemma 3), and Gemma 2/3's four norms per block, whose
 `post_attention_layernorm` follows the attention where the others' precedes the MLP. What
 differs is each `model_type`'s config: its fields, their defaults, and the settings fixed by the
@@ -17,6 +17,7 @@ holds every setting of the backbone (checked by reading the written config back)
 """
 
 import dataclasses
+import functools
 import inspect
 import re
 
@@ -32,6 +33,7 @@ from kzoo.models.hf_checkpoint import ConfigReader
 from kzoo.models.hf_checkpoint import Family
 from kzoo.models.hf_checkpoint import Head
 from kzoo.models.hf_checkpoint import embedding
+from kzoo.models.hf_checkpoint import fused_linear
 from kzoo.models.hf_checkpoint import linear
 from kzoo.models.hf_checkpoint import norm
 
@@ -68,6 +70,8 @@ class _Settings:
         soft_caps: reads `attn_logit_softcapping` and `final_logit_softcapping` (Gemma 2/3).
         local_rope: sliding layers have a RoPE base of their own (`rope_local_base_freq`, Gemma 3).
         mlp_bias: reads `mlp_bias` (Llama).
+        fused: the query, key and value projections are one tensor, `qkv_proj`, and the gate and
+            up projections another, `gate_up_proj` (Phi-3).
     """
 
     architecture: str
@@ -81,6 +85,7 @@ class _Settings:
     soft_caps: bool = False
     local_rope: bool = False
     mlp_bias: bool = False
+    fused: bool = False
 
 
 _GEMMA = dict(norm_unit_offset=True, scale_embeddings=True)
@@ -89,6 +94,7 @@ _FAMILIES = {
     "mistral": _Settings("MistralModel", "MistralForCausalLM", {}, bias="none", sliding="all"),
     "qwen2": _Settings("Qwen2Model", "Qwen2ForCausalLM", {}, bias="qkv", sliding="qwen"),
     "qwen3": _Settings("Qwen3Model", "Qwen3ForCausalLM", {"query_key_norm": True}, sliding="qwen"),
+    "phi3": _Settings("Phi3Model", "Phi3ForCausalLM", {}, bias="none", sliding="all", fused=True),
     "gemma": _Settings("GemmaModel", "GemmaForCausalLM", _GEMMA, True, "hidden_activation"),
     "gemma2": _Settings(
         "Gemma2Model",
@@ -271,6 +277,11 @@ def hf_config(backbone, model_type=None):
         else backbone.rope_parameters.get(FULL_ATTENTION, backbone.rope_parameters.get(SLIDING_ATTENTION)),
         "initializer_range": 0.02,
         "attention_dropout": 0.0,
+        # The tokenizer's, where there is one (`export_to_transformers` writes them); never a
+        # family's default, which may lie outside this vocabulary.
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "pad_token_id": None,
     }
     if settings.bias == "all":
         config["attention_bias"] = backbone.attention_bias
@@ -360,19 +371,20 @@ def _normal(value):
     return value
 
 
-def backbone_tensors(backbone):
-    """The `LlamaModel`-style tensors of every `DecoderBackbone` weight (names without prefix)."""
+def backbone_tensors(backbone, fused=False):
+    """The `LlamaModel`-style tensors of every `DecoderBackbone` weight (names without prefix);
+    `fused`: with Phi-3's `qkv_proj` and `gate_up_proj`."""
     token_embedding = backbone.embedding.token_embedding
     maps = [embedding(token_embedding.embeddings, "embed_tokens.weight", token_embedding)]
     for i, block in enumerate(backbone.transformer_blocks):
         layer, attention, feed_forward = f"layers.{i}", block.self_attention, block.feed_forward
-        maps += [
-            norm(block.self_attention_norm, f"{layer}.input_layernorm"),
-            linear(attention.query_dense, f"{layer}.self_attn.q_proj"),
-            linear(attention.key_dense, f"{layer}.self_attn.k_proj"),
-            linear(attention.value_dense, f"{layer}.self_attn.v_proj"),
-            linear(attention.output_dense, f"{layer}.self_attn.o_proj", input_axes=2),
-        ]
+        projections = (attention.query_dense, attention.key_dense, attention.value_dense)
+        maps.append(norm(block.self_attention_norm, f"{layer}.input_layernorm"))
+        if fused:
+            maps.append(fused_linear(projections, f"{layer}.self_attn.qkv_proj"))
+        else:
+            maps += [linear(dense, f"{layer}.self_attn.{n}_proj") for dense, n in zip(projections, "qkv")]
+        maps.append(linear(attention.output_dense, f"{layer}.self_attn.o_proj", input_axes=2))
         if backbone.query_key_norm:
             maps += [
                 norm(attention.query_norm, f"{layer}.self_attn.q_norm"),
@@ -386,11 +398,16 @@ def backbone_tensors(backbone):
             ]
         else:
             maps.append(norm(block.feed_forward_norm, f"{layer}.post_attention_layernorm"))
-        maps += [
-            linear(feed_forward.gate_dense, f"{layer}.mlp.gate_proj"),
-            linear(feed_forward.intermediate_dense, f"{layer}.mlp.up_proj"),
-            linear(feed_forward.output_dense, f"{layer}.mlp.down_proj"),
-        ]
+        if fused:
+            maps.append(
+                fused_linear((feed_forward.gate_dense, feed_forward.intermediate_dense), f"{layer}.mlp.gate_up_proj")
+            )
+        else:
+            maps += [
+                linear(feed_forward.gate_dense, f"{layer}.mlp.gate_proj"),
+                linear(feed_forward.intermediate_dense, f"{layer}.mlp.up_proj"),
+            ]
+        maps.append(linear(feed_forward.output_dense, f"{layer}.mlp.down_proj"))
     return maps + [norm(backbone.final_norm, "norm")]
 
 
@@ -408,7 +425,7 @@ def _multimodal_config(backbone):
     raise CheckpointError("kzoo writes Gemma 3's text decoder alone, as model_type 'gemma3_text'.")
 
 
-def _register(model_type, architecture, causal_lm, prefixes, lm_heads):
+def _register(model_type, architecture, causal_lm, prefixes, lm_heads, fused=False):
     prefix_pattern = "|".join(re.escape(prefix) for prefix in prefixes)
     hf_checkpoint.register_family(
         Family(
@@ -417,7 +434,7 @@ def _register(model_type, architecture, causal_lm, prefixes, lm_heads):
             backbone_architecture=architecture,
             backbone_config=backbone_config,
             hf_config=_multimodal_config if model_type in MULTIMODAL else lambda b: hf_config(b, model_type),
-            backbone_tensors=backbone_tensors,
+            backbone_tensors=functools.partial(backbone_tensors, fused=fused),
             backbone_prefix=prefixes,
             layer_pattern=rf"^(?:{prefix_pattern})?layers\.(\d+)\.",
             num_layers_field="num_hidden_layers",
@@ -440,7 +457,9 @@ def _register(model_type, architecture, causal_lm, prefixes, lm_heads):
 # The vision tower of a multimodal checkpoint, as transformers v5 and the published files name it.
 _VISION_PREFIXES = ("model.vision_tower.", "model.multi_modal_projector.", "vision_tower.", "multi_modal_projector.")
 for _model_type, _settings in _FAMILIES.items():
-    _register(_model_type, _settings.architecture, _settings.causal_lm, ("model.",), ("lm_head.weight",))
+    _register(
+        _model_type, _settings.architecture, _settings.causal_lm, ("model.",), ("lm_head.weight",), _settings.fused
+    )
 for _model_type, (_, _architecture) in MULTIMODAL.items():
     _register(
         _model_type,

@@ -6,14 +6,12 @@ Keras kernel does, and `c_attn` holds the query, key and value projections side 
 `(d, 3d)`, split into kzoo's three `(d, heads, head_dim)` kernels.
 """
 
-import numpy as np
-
 from kzoo.models import hf_checkpoint
 from kzoo.models.gpt.gpt_backbone import GPTBackbone
 from kzoo.models.hf_checkpoint import Family
 from kzoo.models.hf_checkpoint import Head
-from kzoo.models.hf_checkpoint import TensorMap
 from kzoo.models.hf_checkpoint import embedding
+from kzoo.models.hf_checkpoint import fused_linear
 from kzoo.models.hf_checkpoint import linear
 from kzoo.models.hf_checkpoint import norm
 
@@ -83,29 +81,6 @@ def hf_config(backbone):
     }
 
 
-def _attention_inputs(attention, name):
-    """`c_attn` `(d, 3d)` / `(3d,)` as the query, key and value kernels and biases."""
-    denses = (attention.query_dense, attention.key_dense, attention.value_dense)
-    shapes = [(tuple(dense.kernel.shape), tuple(dense.bias.shape)) for dense in denses]
-
-    def to_keras(arrays):
-        weight, bias = arrays
-        weights, biases = np.split(weight, 3, axis=1), np.split(bias, 3)
-        return [
-            array
-            for w, b, (kernel_shape, bias_shape) in zip(weights, biases, shapes)
-            for array in (w.reshape(kernel_shape), b.reshape(bias_shape))
-        ]
-
-    def to_hf(arrays):
-        kernels, biases = arrays[0::2], arrays[1::2]
-        weight = np.concatenate([k.reshape(k.shape[0], -1) for k in kernels], axis=1)
-        return [weight, np.concatenate([b.reshape(-1) for b in biases])]
-
-    weights = tuple(weight for dense in denses for weight in (dense.kernel, dense.bias))
-    return TensorMap(weights, (f"{name}.weight", f"{name}.bias"), to_keras, to_hf, denses)
-
-
 def backbone_tensors(backbone):
     """The `GPT2Model` tensors of every `GPTBackbone` weight."""
     maps = [
@@ -116,7 +91,11 @@ def backbone_tensors(backbone):
         attention = block.self_attention
         maps += [
             norm(block.self_attention_norm, f"h.{i}.ln_1"),
-            _attention_inputs(attention, f"h.{i}.attn.c_attn"),
+            fused_linear(
+                (attention.query_dense, attention.key_dense, attention.value_dense),
+                f"h.{i}.attn.c_attn",
+                transposed=False,
+            ),
             linear(attention.output_dense, f"h.{i}.attn.c_proj", input_axes=2, transposed=False),
             norm(block.feed_forward_norm, f"h.{i}.ln_2"),
             linear(block.feed_forward.intermediate_dense, f"h.{i}.mlp.c_fc", transposed=False),
