@@ -1,3 +1,5 @@
+import re
+
 import keras
 import numpy as np
 
@@ -234,6 +236,17 @@ class Task(MultiWorkerTrainerMixin, keras.Model):
         outputs = super().predict({k: v.numpy() for k, v in self.preprocess(x).items()}, *args, **kwargs)
         return self.predictions_from_outputs(outputs)
 
+    def quantize(self, mode=None, config=None, filters=None, **kwargs):
+        """`keras.Model.quantize` (e.g. `"int8"`) on every layer but the tokenizer.
+
+        The tokenizer holds a vocabulary, not weights: Keras would try to quantize it
+        (it is a layer) and stop, since it is never built. `filters` keeps Keras' meaning
+        (a regex on layer names, a list of them, or a callable).
+        """
+        if self.tokenizer is not None:
+            filters = _excluding(self.tokenizer, filters)
+        super().quantize(mode, config=config, filters=filters, **kwargs)
+
     def export_to_transformers(self, path):
         """Writes the task as a Hugging Face folder (`config.json`, `model.safetensors` and
         its tokenizer's files) that `transformers`' `AutoModelFor*.from_pretrained(path)`
@@ -272,6 +285,19 @@ class Task(MultiWorkerTrainerMixin, keras.Model):
             # The vocabulary comes after, from the file's assets (`load_assets`).
             config["tokenizer"] = keras.layers.deserialize(config["tokenizer"])
         return from_constructor_config(cls, config)
+
+
+def _excluding(excluded, filters):
+    """`keras.Model.quantize`'s `filters` as a callable that also leaves out the layer `excluded`."""
+    if filters is None or callable(filters):
+        chosen = filters or (lambda layer: True)
+    else:
+        patterns = [filters] if isinstance(filters, str) else list(filters)
+
+        def chosen(layer):
+            return any(re.search(pattern, layer.name) for pattern in patterns)
+
+    return lambda layer: layer is not excluded and chosen(layer)
 
 
 def _check_tokenizer(tokenizer, backbone):
