@@ -184,15 +184,23 @@ class Task(MultiWorkerTrainerMixin, keras.Model):
         return super().evaluate(x, *args, **kwargs)
 
     def _check_host_inputs(self, x, method):
-        """Checks the NumPy arrays (or lists) of `x` named `*token_ids`; leaves datasets and tensors."""
-        features = x if isinstance(x, dict) else {"token_ids": x}
+        """Checks the NumPy arrays (or lists) of `x` named `*token_ids`, or `x` itself when it is
+        not a dict; leaves datasets and tensors."""
+        features = x if isinstance(x, dict) else {"x": x}
         vocabulary_size = getattr(getattr(self, "backbone", None), "vocabulary_size", None) or getattr(
             self, "vocabulary_size", None
         )
         for name, value in features.items():
-            if not name.endswith("token_ids") or not isinstance(value, (np.ndarray, list)):
+            if not name.endswith(("token_ids", "x")) or not isinstance(value, (np.ndarray, list)):
                 continue
             value = np.asarray(value)
+            if value.dtype.kind not in "iuf" and value.size:  # None, objects: neither ids nor text
+                item = value.reshape(-1)[0]
+                raise ValueError(
+                    f"`{name}` must hold integer token ids"
+                    + (" (or be strings: the model has a tokenizer)" if self.tokenizer is not None else "")
+                    + f"; received {item!r} ({type(item).__name__})."
+                )
             if value.ndim == 0 or value.shape[0] == 0:
                 raise ValueError(
                     f"`{name}` has no rows: {method} needs at least one example; received shape {value.shape}."
@@ -214,6 +222,7 @@ class Task(MultiWorkerTrainerMixin, keras.Model):
 
         if self.tokenizer is None:
             raise ValueError(f"This {type(self).__name__} has no tokenizer; pass `tokenizer=` or give token ids.")
+        text_inputs.check_text(texts, "texts")
         return text_inputs.pack(self.backbone, self.tokenizer, texts)
 
     def predictions_from_outputs(self, outputs):
@@ -233,6 +242,7 @@ class Task(MultiWorkerTrainerMixin, keras.Model):
         if not text_inputs.is_text(x):
             self._check_host_inputs(x, "predict")
             return super().predict(x, *args, **kwargs)
+        text_inputs.check_text(x, "x")
         outputs = super().predict({k: v.numpy() for k, v in self.preprocess(x).items()}, *args, **kwargs)
         return self.predictions_from_outputs(outputs)
 

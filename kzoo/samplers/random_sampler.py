@@ -5,8 +5,8 @@ class RandomSampler(Sampler):
     """Samples from the full softmax(logits / temperature).
 
     Args:
-        temperature: float > 0; lower is closer to greedy.
-        seed: int or None, for reproducible output.
+        temperature: a finite number > 0; lower is closer to greedy.
+        seed: None, or an int (64 bits) for reproducible output.
 
     Example:
     >>> model.generate(prompt, sampler=RandomSampler(temperature=0.8, seed=0))

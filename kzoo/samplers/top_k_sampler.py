@@ -9,8 +9,8 @@ class TopKSampler(Sampler):
 
     Args:
         k: int >= 1.
-        temperature: float > 0.
-        seed: int or None, for reproducible output.
+        temperature: a finite number > 0.
+        seed: None, or an int (64 bits) for reproducible output.
 
     Example:
     >>> model.generate(prompt, sampler=TopKSampler(k=10, seed=0))
