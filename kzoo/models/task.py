@@ -267,8 +267,11 @@ class Task(MultiWorkerTrainerMixin, keras.Model):
             path: a new (or empty) folder.
 
         Example:
-        >>> classifier = kzoo.models.BertClassifier.from_preset("path/to/bert-folder", num_classes=2)
-        >>> classifier.export_to_transformers("out/")  # AutoModelForSequenceClassification
+        >>> import os
+        >>> classifier = kzoo.models.BertClassifier.from_preset("bert_tiny", num_classes=2)
+        >>> classifier.export_to_transformers("bert_classifier")  # AutoModelForSequenceClassification
+        >>> sorted(os.listdir("bert_classifier"))
+        ['config.json', 'model.safetensors']
         """
         hf_checkpoint.export_to_transformers(self, path)
 

@@ -24,7 +24,9 @@ class BeamSampler(Sampler):
             ranks by raw log-probability, < 0 favours shorter ones.
 
     Example:
-    >>> model.generate(prompt, sampler=BeamSampler(num_beams=4))
+    >>> lm = kzoo.models.GPTCausalLM.from_preset("gpt_tiny")
+    >>> len(lm.generate([[72, 105]], max_new_tokens=5, sampler=BeamSampler(num_beams=4))[0])
+    7
     """
 
     def __init__(self, num_beams=4, length_penalty=1.0):

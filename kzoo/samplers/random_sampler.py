@@ -9,5 +9,9 @@ class RandomSampler(Sampler):
         seed: None, or an int (64 bits) for reproducible output.
 
     Example:
-    >>> model.generate(prompt, sampler=RandomSampler(temperature=0.8, seed=0))
+    >>> lm = kzoo.models.GPTCausalLM.from_preset("gpt_tiny")
+    >>> sampler = RandomSampler(temperature=0.8, seed=0)
+    >>> first = lm.generate([[72, 105]], max_new_tokens=5, sampler=sampler)
+    >>> lm.generate([[72, 105]], max_new_tokens=5, sampler=sampler) == first  # the seed gives the same tokens
+    True
     """

@@ -13,7 +13,11 @@ class TopPSampler(Sampler):
         seed: None, or an int (64 bits) for reproducible output.
 
     Example:
-    >>> model.generate(prompt, sampler=TopPSampler(p=0.9, seed=0))
+    >>> lm = kzoo.models.GPTCausalLM.from_preset("gpt_tiny")
+    >>> sampler = TopPSampler(p=0.9, seed=0)
+    >>> first = lm.generate([[72, 105]], max_new_tokens=5, sampler=sampler)
+    >>> lm.generate([[72, 105]], max_new_tokens=5, sampler=sampler) == first  # the seed gives the same tokens
+    True
 
     References:
         Holtzman et al., "The Curious Case of Neural Text Degeneration", 2020.
