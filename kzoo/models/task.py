@@ -191,7 +191,7 @@ class Task(MultiWorkerTrainerMixin, keras.Model):
             self, "vocabulary_size", None
         )
         for name, value in features.items():
-            if not name.endswith(("token_ids", "x")) or not isinstance(value, (np.ndarray, list)):
+            if (features is x and not name.endswith("token_ids")) or not isinstance(value, (np.ndarray, list)):
                 continue
             value = np.asarray(value)
             if value.dtype.kind not in "iuf" and value.size:  # None, objects: neither ids nor text
