@@ -9,6 +9,7 @@ to int8 precision. Each tiny model trains briefly on the recipes' data
 the quantized model must stay within the stated bound of the float32 one.
 """
 
+import gc
 import json
 import lzma
 import os
@@ -114,6 +115,13 @@ def _case(name):
     return model, train, test
 
 
+@pytest.fixture(autouse=True)
+def no_garbage_collection_per_kernel(monkeypatch):
+    """Keras runs gc.collect() for each kernel it quantizes: up to seconds each in a process that
+    holds TensorFlow, torch and the suite's models, for tiny kernels not worth it."""
+    monkeypatch.setattr(gc, "collect", lambda generation=2: 0)
+
+
 # By default a transformer (attention, feed-forward, embeddings and the tied table, the layers every
 # transformer task shares) and a recurrent model; KZOO_SLOW=1 runs every task model.
 DEFAULT_TASKS = ["GPTCausalLM", "BiLSTMTagger"]
@@ -163,7 +171,8 @@ def test_int8_quantization_stays_close_to_float32_and_reloads(name, tmp_path):
 # Reloads each quantized `.keras` file in a fresh process with `import kzoo` alone and gives, for the
 # same strings, what the test computed in this process: the text outputs and the logits.
 _RELOAD_AND_RUN = """
-import json, sys
+import gc, json, sys
+gc.collect = lambda generation=2: 0  # see no_garbage_collection_per_kernel
 import keras
 import numpy as np
 import kzoo
