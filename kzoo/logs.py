@@ -38,9 +38,8 @@ def quiet(verbose=False):
     """Hides TensorFlow's logs and known noisy warnings, for a script whose output is its own.
 
     Unless `verbose`: sets `TF_CPP_MIN_LOG_LEVEL` to 3 (no C++ log lines) where the user has
-    not set it, imports TensorFlow (see `import_tensorflow`), sets the `tensorflow` and `absl`
-    Python loggers to ERROR (retracing notes, tensorflow-datasets' notes) and ignores
-    `NOISY_WARNINGS`. With `verbose`, it changes nothing.
+    not set it, sets the `tensorflow` and `absl` Python loggers to ERROR (retracing notes,
+    tensorflow-datasets' notes) and ignores `NOISY_WARNINGS`. With `verbose`, it changes nothing.
 
     TensorFlow reads the level when it is imported, and `import kzoo` imports it: a script that
     wants the C++ lines gone too sets the level first, before its imports, e.g.
@@ -53,7 +52,6 @@ def quiet(verbose=False):
     if verbose:
         return
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    import_tensorflow()
     for name in ("tensorflow", "absl"):
         logging.getLogger(name).setLevel(logging.ERROR)
     for category, message in NOISY_WARNINGS:
