@@ -5,8 +5,13 @@
 
 __version__ = "0.1.0"
 
-from kzoo import config
-from kzoo import layers
-from kzoo import models
-from kzoo import ops
-from kzoo import samplers
+from kzoo import logs
+
+# First, so that TensorFlow's lines at import follow TF_CPP_MIN_LOG_LEVEL (see kzoo.logs).
+logs.import_tensorflow()
+
+from kzoo import config  # noqa: E402
+from kzoo import layers  # noqa: E402
+from kzoo import models  # noqa: E402
+from kzoo import ops  # noqa: E402
+from kzoo import samplers  # noqa: E402

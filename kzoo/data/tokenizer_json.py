@@ -44,7 +44,8 @@ Example:
 >>> exported = hugging_face_tokenizer(kzoo.data.character_tokenizer(128))
 >>> exported.tokenizer.encode("Hi").ids
 [72, 105]
->>> exported.tokenizer.to_str()  # the tokenizer.json text
+>>> exported.tokenizer.to_str()[:40]  # the tokenizer.json text
+'{"version":"1.0","truncation":null,"padd'
 """
 
 import dataclasses

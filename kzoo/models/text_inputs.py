@@ -20,14 +20,58 @@ _SPECIAL_TOKENS = {
 
 
 def is_text(x):
-    """Whether `x` is a string, or a list / array / tensor of strings."""
+    """Whether `x` is meant as text: a string, a list / tuple / array holding one, or a string
+    tensor (`check_text` then says whether it is good text)."""
     if isinstance(x, (str, bytes)):
         return True
-    if isinstance(x, (list, tuple)):
-        return bool(x) and all(isinstance(item, (str, bytes)) for item in x)
-    if isinstance(x, np.ndarray):
-        return x.dtype.kind in "USO" and x.size > 0 and isinstance(x.flat[0], (str, bytes))
+    if isinstance(x, (list, tuple, np.ndarray)):
+        return any(isinstance(item, (str, bytes)) for item in np.asarray(x, object).reshape(-1))
     return isinstance(x, tf.Tensor) and x.dtype == tf.string
+
+
+def check_text(x, name):
+    """Raises `ValueError` unless `x` (the argument `name`) is a string, or a list / tuple /
+    1-D array of strings, each of them Unicode text: a `str` without lone surrogates (what
+    UTF-8 can encode), or UTF-8 `bytes`. String tensors pass (they hold bytes).
+
+    Example:
+    >>> check_text(["a fine film", 5], "x")
+    Traceback (most recent call last):
+    ...
+    ValueError: `x[1]` is 5 (int), not a string: `x` must be all strings (text) or all token ids.
+    """
+    if isinstance(x, tf.Tensor):
+        return
+    single = isinstance(x, (str, bytes))
+    items = [x] if single else list(np.asarray(x, object).reshape(-1))
+    for index, item in enumerate(items):
+        where = name if single else f"{name}[{index}]"
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as error:
+                raise ValueError(
+                    f"`{where}` is not Unicode text: character {error.start} of {_head(item)} is a lone surrogate "
+                    f"({item[error.start]!r}), which no encoding of text holds; pass valid text."
+                ) from None
+        elif isinstance(item, bytes):
+            try:
+                item.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise ValueError(
+                    f"`{where}` is not UTF-8 text: byte {error.start} of {_head(item)} cannot be decoded "
+                    f"({error.reason}); pass a `str`, or bytes in UTF-8."
+                ) from None
+        else:
+            raise ValueError(
+                f"`{where}` is {item!r} ({type(item).__name__}), not a string: `{name}` must be all strings (text) "
+                "or all token ids."
+            )
+
+
+def _head(text, limit=40):
+    """`text`'s repr, cut to its first `limit` characters (or bytes)."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}..."
 
 
 def special_token_id(tokenizer, name):
