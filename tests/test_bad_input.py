@@ -76,6 +76,10 @@ class Files:
         )
         return kzoo.models.BertClassifier(backbone, 2, tokenizer=kzoo.data.word_piece_tokenizer(vocabulary))
 
+    def _make_text_gpt(self):
+        """A GPT carrying a character tokenizer: `generate` takes strings."""
+        return kzoo.models.GPTCausalLM(build("gpt").backbone, tokenizer=kzoo.data.character_tokenizer(V))
+
     def _make_tflite(self):
         path = self.folder / "gpt.tflite"
         path.write_bytes(export.tflite_conversion.convert(export.ServingSignatures(self.gpt), "tflite_fp32"))
@@ -266,6 +270,8 @@ CASES = [
      "`x[1]` is 5 (int), not a string: `x` must be all strings (text) or all token ids."),
     ("predict_a_lone_surrogate", lambda f, *_: f.text_classifier.predict(["a fine film", "fine \ud800"]), ValueError,
      None, "`x[1]` is not Unicode text: character 5 of 'fine \\ud800' is a lone surrogate ('\\ud800')"),
+    ("generate_a_lone_surrogate", lambda f, *_: f.text_gpt.generate("fine \ud800", max_new_tokens=2), ValueError,
+     None, "`prompts` is not Unicode text: character 5 of 'fine \\ud800' is a lone surrogate ('\\ud800')"),
     ("predict_bytes_not_utf8", lambda f, *_: f.text_classifier.predict([b"caf\xe9"]), ValueError, None,
      "`x[0]` is not UTF-8 text: byte 3 of b'caf\\xe9' cannot be decoded (unexpected end of data)"),
     ("fit_id_above_the_vocabulary", lambda f, *_: f.gpt.fit({"token_ids": np.array([[300, 5]]), "padding_mask": np.ones((1, 2))}, np.ones((1, 2))),

@@ -178,6 +178,7 @@ class CausalLM(Task):
         from kzoo.models import text_inputs  # TensorFlow ops
 
         if text_inputs.is_text(prompts):
+            text_inputs.check_text(prompts, "prompts")
             if self.tokenizer is None:
                 raise ValueError(
                     f"This {type(self).__name__} has no tokenizer: give token ids, or build it with `tokenizer=`."
@@ -199,3 +200,60 @@ class CausalLM(Task):
             jit_compile=jit_compile,
             limit=self.backbone.max_sequence_length,
         )
+
+    def chat(self, messages, max_new_tokens=256, sampler="greedy", jit_compile=True, **template_variables):
+        """The assistant's reply to a conversation, prompted as the model was trained to be prompted.
+
+        The messages are rendered with the tokenizer's chat template (as transformers'
+        `apply_chat_template(messages, add_generation_prompt=True)` renders them), and the
+        reply is generated until the template's end-of-turn token or the end token
+        (`kzoo.models.chat_template.stop_token_ids`), which the reply does not include.
+        Lengths are compiled in steps of `CHAT_LENGTH_STEP` tokens, so a conversation
+        compiles the decoding loop once per step of length, not once per turn.
+
+        Args:
+            messages: a list of `{"role": ..., "content": ...}` dicts (a system message,
+                user and assistant turns), ending with the user's.
+            max_new_tokens: int >= 1, the longest reply.
+            sampler: as in `generate`.
+            jit_compile: bool, as in `generate`.
+            **template_variables: other variables of the template (e.g. `enable_thinking`).
+
+        Returns:
+            The reply, a string.
+
+        Example:
+        >>> lm.chat([{"role": "user", "content": "What is the capital of France?"}])  # SmolLM2
+        'The capital of France is Paris.'
+        """
+        from kzoo.models import chat_template
+        from kzoo.models import text_inputs
+
+        tokenizer = self.tokenizer
+        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+            raise ValueError(
+                f"This {type(self).__name__} has no chat template: its tokenizer must carry one "
+                "(a chat checkpoint's tokenizer does)."
+            )
+        generation.check_generate_arguments(self, [[0]], None, max_new_tokens, None)
+        prompt = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, **template_variables
+        )
+        limit = self.backbone.max_sequence_length
+        if len(prompt) + max_new_tokens > limit:
+            raise ValueError(
+                f"The conversation has {len(prompt)} tokens: with `max_new_tokens` ({max_new_tokens}) it needs "
+                f"{len(prompt) + max_new_tokens}, more than the model's context of {limit} tokens. Shorten the "
+                "conversation or ask for fewer new tokens."
+            )
+        stop = chat_template.stop_token_ids(tokenizer)
+        length = min(limit, -(-(len(prompt) + max_new_tokens) // CHAT_LENGTH_STEP) * CHAT_LENGTH_STEP)
+        ids = self.generate([prompt], max_length=length, sampler=sampler, stop_token_ids=stop, jit_compile=jit_compile)
+        reply = ids[0][len(prompt) :][:max_new_tokens]
+        if reply and reply[-1] in stop:
+            reply = reply[:-1]
+        return text_inputs.detokenize(tokenizer, reply)
+
+
+# `chat` rounds a conversation's length up to a multiple of this (a compiled loop per multiple).
+CHAT_LENGTH_STEP = 128
