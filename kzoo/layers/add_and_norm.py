@@ -22,7 +22,7 @@ class AddAndNorm(LayerNormalization):
 
     Example:
     >>> x, y = keras.random.normal((2, 3, 8)), keras.random.normal((2, 3, 8))
-    >>> AddAndNorm(0.1)(x, y).shape
+    >>> tuple(AddAndNorm(0.1)(x, y).shape)
     (2, 3, 8)
 
     References:

@@ -29,7 +29,7 @@ class GatedFeedForward(keras.layers.Layer):
         **kwargs: base layer arguments.
 
     Example:
-    >>> GatedFeedForward(64)(keras.random.normal((2, 5, 16))).shape
+    >>> tuple(GatedFeedForward(64)(keras.random.normal((2, 5, 16))).shape)
     (2, 5, 16)
 
     References:

@@ -22,7 +22,7 @@ class LayerNormalization(keras.layers.LayerNormalization):
             `axis`, ...).
 
     Example:
-    >>> LayerNormalization(epsilon=1e-5)(keras.random.normal((2, 3, 8))).shape
+    >>> tuple(LayerNormalization(epsilon=1e-5)(keras.random.normal((2, 3, 8))).shape)
     (2, 3, 8)
     """
 

@@ -83,13 +83,13 @@ class MultiHeadAttention(keras.layers.Layer):
     Example:
     >>> x = keras.random.normal((2, 5, 16))
     >>> mha = MultiHeadAttention(num_heads=4, key_dim=4, num_key_value_heads=2)
-    >>> mha(x, use_causal_mask=True).shape
+    >>> tuple(mha(x, use_causal_mask=True).shape)
     (2, 5, 16)
     >>> llama_like = MultiHeadAttention(
     ...     num_heads=4, key_dim=8, num_key_value_heads=1, use_bias=False,
-    ...     rotary_embedding=RotaryEmbedding(max_wavelength=500000),
-    ...     query_key_norm=RMSNormalization(epsilon=1e-6), sliding_window=3)
-    >>> llama_like(x, use_causal_mask=True).shape
+    ...     rotary_embedding=kzoo.layers.RotaryEmbedding(max_wavelength=500000),
+    ...     query_key_norm=kzoo.layers.RMSNormalization(epsilon=1e-6), sliding_window=3)
+    >>> tuple(llama_like(x, use_causal_mask=True).shape)
     (2, 5, 16)
 
     References:

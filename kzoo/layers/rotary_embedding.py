@@ -103,7 +103,7 @@ class RotaryEmbedding(keras.layers.Layer):
 
     Example:
     >>> q = keras.random.normal((2, 10, 4, 8))  # (B, T, heads, head_dim)
-    >>> RotaryEmbedding(max_wavelength=500000)(q).shape
+    >>> tuple(RotaryEmbedding(max_wavelength=500000)(q).shape)
     (2, 10, 4, 8)
 
     References:

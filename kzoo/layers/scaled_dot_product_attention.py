@@ -53,7 +53,7 @@ def scaled_dot_product_attention(
     Example:
     >>> q = keras.random.normal((4, 8))  # 4 queries, d_k = 8
     >>> k = v = keras.random.normal((6, 8))
-    >>> scaled_dot_product_attention(q, k, v).shape
+    >>> tuple(scaled_dot_product_attention(q, k, v).shape)
     (4, 8)
 
     References:

@@ -55,15 +55,15 @@ class TransformerDecoderBlock(TransformerBlockBase):
     Example:
     >>> block = TransformerDecoderBlock(num_heads=4, intermediate_dim=64)
     >>> y = block(keras.random.normal((2, 7, 32)), keras.random.normal((2, 9, 32)))
-    >>> y.shape
+    >>> tuple(y.shape)
     (2, 7, 32)
     >>> llama_block = TransformerDecoderBlock(
     ...     cross_attention=False, norm_first=True,
-    ...     self_attention=MultiHeadAttention(4, 8, num_key_value_heads=2, use_bias=False,
-    ...                                       rotary_embedding=RotaryEmbedding()),
-    ...     feed_forward=GatedFeedForward(64, activation="silu"),
-    ...     normalization=RMSNormalization(epsilon=1e-5))
-    >>> llama_block(keras.random.normal((2, 7, 32))).shape
+    ...     self_attention=kzoo.layers.MultiHeadAttention(
+    ...         4, 8, num_key_value_heads=2, use_bias=False, rotary_embedding=kzoo.layers.RotaryEmbedding()),
+    ...     feed_forward=kzoo.layers.GatedFeedForward(64, activation="silu"),
+    ...     normalization=kzoo.layers.RMSNormalization(epsilon=1e-5))
+    >>> tuple(llama_block(keras.random.normal((2, 7, 32))).shape)
     (2, 7, 32)
 
     References:

@@ -43,7 +43,7 @@ class TransformerEncoderBlock(TransformerBlockBase):
 
     Example:
     >>> block = TransformerEncoderBlock(num_heads=4, intermediate_dim=64)
-    >>> block(keras.random.normal((2, 10, 32))).shape
+    >>> tuple(block(keras.random.normal((2, 10, 32))).shape)
     (2, 10, 32)
 
     References:

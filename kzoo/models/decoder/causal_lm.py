@@ -38,7 +38,7 @@ class CausalLM(Task):
     Example:
     >>> lm = CausalLM(kzoo.models.DecoderBackbone.from_preset("llama_tiny"))
     >>> ids = keras.ops.ones((1, 8), "int32")
-    >>> lm({"token_ids": ids, "padding_mask": keras.ops.ones_like(ids)}).shape
+    >>> tuple(lm({"token_ids": ids, "padding_mask": keras.ops.ones_like(ids)}).shape)
     (1, 8, 256)
     """
 
@@ -116,7 +116,7 @@ class CausalLM(Task):
         >>> lm = CausalLM.from_preset("llama_tiny")
         >>> logits, state = lm.prefill(keras.ops.ones((1, 4), "int32"), cache_length=16)
         >>> logits, state = lm.decode(keras.ops.ones((1, 1), "int32"), state, 4)
-        >>> logits.shape
+        >>> tuple(logits.shape)
         (1, 1, 256)
         """
         hidden, caches = self.backbone.decode(token_ids, caches=generation.cache_pairs(state), cache_index=index)

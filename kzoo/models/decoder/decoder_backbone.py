@@ -109,8 +109,8 @@ class DecoderBackbone(Backbone):
     ...     vocabulary_size=1000, num_layers=2, num_heads=4, num_key_value_heads=2,
     ...     hidden_dim=64, intermediate_dim=128, max_sequence_length=256,
     ... )
-    >>> backbone({"token_ids": keras.ops.ones((2, 16), "int32"),
-    ...           "padding_mask": keras.ops.ones((2, 16), "int32")}).shape
+    >>> tuple(backbone({"token_ids": keras.ops.ones((2, 16), "int32"),
+    ...                 "padding_mask": keras.ops.ones((2, 16), "int32")}).shape)
     (2, 16, 64)
 
     References:
@@ -336,8 +336,11 @@ class DecoderBackbone(Backbone):
             A `keras.distribution.LayoutMap`.
 
         Example:
-        >>> mesh = keras.distribution.DeviceMesh((1, 2), ("batch", "model"), keras.distribution.list_devices())
+        >>> devices = keras.distribution.list_devices()  # e.g. 8 GPUs under JAX
+        >>> mesh = keras.distribution.DeviceMesh((1, len(devices)), ("batch", "model"), devices)
         >>> layout_map = DecoderBackbone.get_layout_map(mesh)
+        >>> layout_map["transformer_block_0/self_attention/query/kernel"].axes  # heads split
+        (None, 'model', None)
         >>> distribution = keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch")
         >>> with distribution.scope():
         ...     lm = kzoo.models.CausalLM.from_preset("llama_tiny")

@@ -49,8 +49,8 @@ class GPTBackbone(DecoderBackbone):
     ...     vocabulary_size=1000, num_layers=2, num_heads=2, hidden_dim=64,
     ...     intermediate_dim=256, max_sequence_length=128,
     ... )
-    >>> backbone({"token_ids": keras.ops.ones((2, 16), "int32"),
-    ...           "padding_mask": keras.ops.ones((2, 16), "int32")}).shape
+    >>> tuple(backbone({"token_ids": keras.ops.ones((2, 16), "int32"),
+    ...                 "padding_mask": keras.ops.ones((2, 16), "int32")}).shape)
     (2, 16, 64)
 
     References:

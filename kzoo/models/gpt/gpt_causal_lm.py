@@ -21,7 +21,7 @@ class GPTCausalLM(CausalLM):
     Example:
     >>> lm = GPTCausalLM.from_preset("gpt_tiny")
     >>> ids = keras.ops.ones((1, 8), "int32")
-    >>> lm({"token_ids": ids, "padding_mask": keras.ops.ones_like(ids)}).shape
+    >>> tuple(lm({"token_ids": ids, "padding_mask": keras.ops.ones_like(ids)}).shape)
     (1, 8, 256)
     """
 
