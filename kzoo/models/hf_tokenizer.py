@@ -167,6 +167,16 @@ _SPLIT = {False: rf" |{_PUNCTUATION}", True: rf" |{_PUNCTUATION}|{_CJK}"}
 _KEEP = {False: _PUNCTUATION, True: rf"{_PUNCTUATION}|{_CJK}"}
 
 
+def _token_id(name):
+    """The property `<name>_id`: the id of the named special token, or None when it is not set."""
+
+    def token_id(self):
+        token = getattr(self, name)
+        return None if token is None else self.token_to_id(token)
+
+    return property(token_id, doc=f"The id of `{name}`, or None.")
+
+
 @keras.saving.register_keras_serializable(package="kzoo")
 class HFTokenizer(keras_hub.tokenizers.Tokenizer):
     """A Hugging Face `tokenizer.json` as a keras-hub tokenizer, with the ids of the `tokenizers` package.
@@ -309,24 +319,13 @@ class HFTokenizer(keras_hub.tokenizers.Tokenizer):
     def special_token_ids(self):
         return [self.token_to_id(token) for token in self.special_tokens]
 
-    def _id_of(self, token):
-        return None if token is None else self.token_to_id(token)
-
-    @property
-    def bos_token_id(self):
-        return self._id_of(self.bos_token)
-
-    @property
-    def eos_token_id(self):
-        return self._id_of(self.eos_token)
-
-    @property
-    def unk_token_id(self):
-        return self._id_of(self.unk_token)
-
-    @property
-    def pad_token_id(self):
-        return self._id_of(self.pad_token)
+    bos_token_id = _token_id("bos_token")
+    eos_token_id = _token_id("eos_token")
+    unk_token_id = _token_id("unk_token")
+    sep_token_id = _token_id("sep_token")
+    pad_token_id = _token_id("pad_token")
+    cls_token_id = _token_id("cls_token")
+    mask_token_id = _token_id("mask_token")
 
     @property
     def start_token_id(self):
