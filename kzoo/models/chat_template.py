@@ -42,8 +42,6 @@ import jinja2.nodes
 import jinja2.sandbox
 import numpy as np
 
-# The special tokens transformers passes to a template (`special_tokens_map`), when set.
-SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 # Where a reply's reasoning may be given; templates read the first two.
 _REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
 

@@ -122,6 +122,10 @@ def tokenizer_from_gguf(fields):
     tokens = _field(fields, TOKENS, list)
     if not tokens or not all(isinstance(token, str) for token in tokens):
         raise ValueError(f"GGUF field {TOKENS} must be a non-empty list of strings.")
+    if len(set(tokens)) != len(tokens):
+        first = {}
+        index, token = next((i, t) for i, t in enumerate(tokens) if first.setdefault(t, i) != i)
+        raise ValueError(f"GGUF field {TOKENS} holds {token!r} twice, at {first[token]} and {index}.")
     types = fields.get(TOKEN_TYPE) or [NORMAL] * len(tokens)
     if len(types) != len(tokens):
         raise ValueError(f"GGUF field {TOKEN_TYPE} has {len(types)} entries for {len(tokens)} tokens.")
@@ -139,12 +143,11 @@ def tokenizer_from_gguf(fields):
         # A control token spelled outside the byte alphabet is a mislabel (transformers skips it).
         alphabet = set(bpe_pipelines.byte_alphabet())
         control = [token for token, kind in zip(tokens, types) if kind == CONTROL and set(token) <= alphabet]
-        present = backend.get_vocab()
     else:
         gemma = architecture in GEMMA_ARCHITECTURES
         backend = _sentencepiece(fields, tokens, gemma, named.get("unk_token"))
         control = [token for token, kind in zip(tokens, types) if kind == CONTROL]
-        present = backend.get_vocab()
+    present = backend.get_vocab()
     user_defined = [token for token, kind in zip(tokens, types) if kind == USER_DEFINED and token in present]
     added = [(token, True) for token in control] + [(token, False) for token in user_defined]
     bpe_pipelines.add_tokens(backend, added, named.values())
@@ -183,6 +186,11 @@ def _byte_level(fields, tokens):
     for index, token in enumerate(tokens):
         spelled = token if set(token) <= alphabet else "".join(spelling[byte] for byte in token.encode("utf-8"))
         vocabulary[spelled] = index
+    return bpe_pipelines.byte_level(vocabulary, _merges(fields, vocabulary), _pre_tokenizer(pre))
+
+
+def _merges(fields, vocabulary):
+    """The file's merges, each two tokens that make a third."""
     merges = []
     for index, merge in enumerate(_field(fields, MERGES, list)):
         pair = merge.split(" ") if isinstance(merge, str) else []
@@ -190,8 +198,11 @@ def _byte_level(fields, tokens):
             raise ValueError(
                 f"GGUF field {MERGES} entry {index} ({merge!r:.40}) is not two tokens separated by a space."
             )
+        missing = [token for token in [*pair, "".join(pair)] if token not in vocabulary]
+        if missing:
+            raise ValueError(f"GGUF field {MERGES} entry {index} ({merge!r:.40}) needs {missing}, not in the tokens.")
         merges.append(tuple(pair))
-    return bpe_pipelines.byte_level(vocabulary, merges, _pre_tokenizer(pre))
+    return merges
 
 
 def _sentencepiece(fields, tokens, gemma, unk_token):
@@ -200,7 +211,7 @@ def _sentencepiece(fields, tokens, gemma, unk_token):
         tokens = [bpe_pipelines.SPACE * len(t) if " " in t and not t.strip() else t for t in tokens]
     vocabulary = {token: index for index, token in enumerate(tokens)}
     if MERGES in fields:
-        merges = [tuple(merge.split(" ")) for merge in _field(fields, MERGES, list)]
+        merges = _merges(fields, vocabulary)
     elif gemma:
         # Gemma's scores do not follow its merge order; the order of its tokens does.
         merges = bpe_pipelines.merges_by_rank(vocabulary, {t: -i for i, t in enumerate(tokens)}, descending=True)

@@ -32,6 +32,7 @@ import tokenizers
 from keras_hub.tokenizers import BytePairTokenizer
 
 from kzoo.models import bpe_pipelines
+from kzoo.models.chat_template import render_chat_template
 from kzoo.models.hf_checkpoint import CheckpointError
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -40,7 +41,12 @@ SPECIAL_TOKENS_FILE = "special_tokens_map.json"
 WORD_PIECE_VOCABULARY_FILE = "vocab.txt"
 BPE_VOCABULARY_FILE = "vocab.json"
 BPE_MERGES_FILE = "merges.txt"
+SENTENCEPIECE_FILE = "tokenizer.model"
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+CHAT_TEMPLATE_JSON_FILE = "chat_template.json"
 GPT2_END_OF_TEXT = "<|endoftext|>"
+# transformers' named special tokens (`SPECIAL_TOKENS_ATTRIBUTES`).
+SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
 # Unicode White_Space characters, which `tokenizers`' BertNormalizer maps to a space (RE2's
 # `\s` is ASCII only); \v, \f and U+0085 are control characters, removed before.
@@ -242,7 +248,7 @@ class HFTokenizer(keras_hub.tokenizers.Tokenizer):
         # Where the template came from, named in its errors (readers set a file).
         self.chat_template_source = "the tokenizer's chat_template"
         self._backend = None
-        # Nothing to build: a tokenizer has no weights (and `quantize` skips what is built).
+        # Nothing to build; and Keras' `quantize` refuses a model with a layer that is not built.
         self.built = True
         if tokenizer is not None:
             self.set_tokenizer(tokenizer)
@@ -308,8 +314,7 @@ class HFTokenizer(keras_hub.tokenizers.Tokenizer):
     def special_tokens_map(self):
         """The named special tokens that are set, e.g. `{"bos_token": "<s>", "eos_token": "</s>"}`
         (what transformers passes to a chat template)."""
-        names = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
-        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+        return {name: getattr(self, name) for name in SPECIAL_TOKEN_NAMES if getattr(self, name) is not None}
 
     @property
     def special_tokens(self):
@@ -353,7 +358,7 @@ class HFTokenizer(keras_hub.tokenizers.Tokenizer):
         return list(self._vocabulary)
 
     def id_to_token(self, id):
-        token = self.backend.id_to_token(int(id)) if 0 <= int(id) else None
+        token = self.backend.id_to_token(int(id)) if 0 <= int(id) < self.vocabulary_size() else None
         if token is None:
             raise ValueError(f"Id {id} is not in the vocabulary of {self.vocabulary_size()} tokens.")
         return token
@@ -454,11 +459,9 @@ class HFTokenizer(keras_hub.tokenizers.Tokenizer):
                 transformers) rather than the text.
             **kwargs: template variables (`tools`, `documents`, `enable_thinking`, ...).
         """
-        from kzoo.models import chat_template
-
         if not self.chat_template:
             raise ValueError("This tokenizer has no chat template (`chat_template`).")
-        text = chat_template.render_chat_template(
+        text = render_chat_template(
             self.chat_template,
             messages,
             add_generation_prompt=add_generation_prompt,
@@ -720,9 +723,6 @@ def read_llama_tokenizer(path):
     return (tokenizer, file) if tokenizer is not None else read_sentencepiece_tokenizer(path)
 
 
-SENTENCEPIECE_FILE = "tokenizer.model"
-CHAT_TEMPLATE_FILE = "chat_template.jinja"
-CHAT_TEMPLATE_JSON_FILE = "chat_template.json"
 # SentencePiece's `TrainerSpec.BPE` and the piece types transformers adds as tokens: control
 # (special) and user-defined (not special).
 SENTENCEPIECE_BPE = 2
@@ -742,7 +742,6 @@ _CLASS_TOKENS = {
     "GPT2Tokenizer": dict.fromkeys(("unk_token", "bos_token", "eos_token"), "<|endoftext|>"),
     "Qwen2Tokenizer": dict.fromkeys(("unk_token", "eos_token", "pad_token"), "<|endoftext|>"),
 }
-_SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
 
 def _tokenizer_settings(path):
@@ -756,7 +755,7 @@ def _tokenizer_settings(path):
         specials = _read_json(special_file)
         if not isinstance(specials, dict):
             raise CheckpointError(f"{special_file} must hold a JSON object; it holds a {type(specials).__name__}.")
-        settings = {**{key: value for key, value in specials.items() if key in _SPECIAL_TOKEN_NAMES}, **settings}
+        settings = {**{key: value for key, value in specials.items() if key in SPECIAL_TOKEN_NAMES}, **settings}
     return settings
 
 
@@ -768,7 +767,7 @@ def _token_text(value):
 def _named_tokens(settings, defaults):
     """The named special tokens that are set: the folder's, else the tokenizer class's `defaults`."""
     named = dict(defaults)
-    for name in _SPECIAL_TOKEN_NAMES:
+    for name in SPECIAL_TOKEN_NAMES:
         if name in settings:
             token = _token_text(settings[name])
             if token is not None and not isinstance(token, str):

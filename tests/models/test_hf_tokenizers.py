@@ -21,6 +21,7 @@ import sentencepiece
 import tensorflow as tf
 import tokenizers
 import transformers
+from sentencepiece import sentencepiece_model_pb2
 
 import kzoo
 from kzoo.models import chat_template
@@ -279,6 +280,18 @@ def test_a_keras_file_keeps_the_tokenizer_for_a_fresh_process(tmp_path):
     }
 
 
+def test_a_task_with_an_hf_tokenizer_quantizes():
+    """The tokenizer is built from the start: Keras' `quantize` refuses a model with a layer that
+    is not (issue 29)."""
+    tokenizer = HFTokenizer(tokenizer_files.byte_level_tokenizer("gpt2", 300), eos_token="<|endoftext|>")
+    backbone = kzoo.models.GPTBackbone(
+        vocabulary_size=300, num_layers=1, num_heads=2, hidden_dim=16, intermediate_dim=32, max_sequence_length=16
+    )
+    lm = kzoo.models.GPTCausalLM(backbone, tokenizer=tokenizer)
+    lm.quantize("int8")
+    assert lm.backbone.embedding.token_embedding.quantization_mode == "int8" and lm.tokenizer is tokenizer
+
+
 def test_call_conventions():
     """keras-hub's: a string gives an int32 array, a list a list of lists, a string tensor of rank
     0 or 1 the same; in a graph a tf.py_function (a RaggedTensor for a batch)."""
@@ -484,7 +497,7 @@ def converted_fields(kind):
     """GGUF fields as llama.cpp's converter writes them for a tokenizer of `kind`, with a chat template:
     SentencePiece pieces with their scores and types, or byte-level tokens with their merges."""
     if kind in ("llama", "gemma"):
-        model = sentencepiece.sentencepiece_model_pb2.ModelProto()
+        model = sentencepiece_model_pb2.ModelProto()
         model.ParseFromString(tokenizer_files.sentencepiece_model(kind))
         spec = model.trainer_spec
         fields = {
@@ -563,6 +576,8 @@ def test_bad_gguf_fields_are_named():
         ({"tokenizer.ggml.pre": "tekken"}, r"tokenizer.ggml.pre is 'tekken', a split kzoo does not know"),
         ({"tokenizer.ggml.eos_token_id": 10**6}, r"tokenizer.ggml.eos_token_id is 1000000, outside the \d+ tokens"),
         ({"tokenizer.ggml.merges": ["a b c"]}, r"tokenizer.ggml.merges entry 0 \('a b c'\) is not two tokens"),
+        ({"tokenizer.ggml.merges": ["a b", "q q"]}, r"merges entry 1 \('q q'\) needs \['qq'\], not in the tokens"),
+        ({"tokenizer.ggml.tokens": ["a", "b", "a"]}, r"tokenizer.ggml.tokens holds 'a' twice, at 0 and 2"),
         ({"tokenizer.ggml.token_type": [1]}, r"tokenizer.ggml.token_type has 1 entries for \d+ tokens"),
         ({"tokenizer.ggml.tokens": []}, r"tokenizer.ggml.tokens must be a non-empty list of strings"),
         ({"tokenizer.chat_template": 3}, r"tokenizer.chat_template must be a string"),
