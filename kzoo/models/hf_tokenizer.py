@@ -203,8 +203,9 @@ class HFTokenizer(keras_hub.tokenizers.Tokenizer):
     strings a list of id lists; `detokenize` gives a string (a list of strings for a batch). In a
     `tf.data` map or a `tf.function` it is a `tf.py_function`: a string tensor gives int32 ids
     (a `tf.RaggedTensor` for a batch) and `detokenize` a string tensor. A graph that holds it
-    runs only in this Python process: it cannot be saved as a SavedModel or converted to TFLite
-    (export the `tokenizer.json` instead, `kzoo.data.tokenizer_json`).
+    runs only in the Python process that traced it: a SavedModel signature with it saves, but
+    fails in any other process ("Could not find callback with key=pyfunc_0"), and TFLite cannot
+    convert it. Serve token ids and ship the `tokenizer.json` (`kzoo.data.tokenizer_json`).
 
     Args:
         tokenizer: a `tokenizers.Tokenizer`, the `tokenizer.json` text, or its path; None leaves it
