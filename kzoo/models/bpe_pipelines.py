@@ -32,7 +32,7 @@ def merges_by_rank(vocabulary, ranks, descending=False):
 
     SentencePiece merges, at each step, the adjacent pair whose concatenation is the best-ranked
     token. A `tokenizers` BPE merges by the rank of the pair: listing each token's splits at the
-    token's rank gives the same result.
+    token's rank does the same, up to ties between equally ranked tokens (transformers' order).
 
     Args:
         vocabulary: dict token -> id, in the order of the file.

@@ -10,9 +10,9 @@ gguf_file=...)`, see `kzoo.models.bpe_pipelines`), so its ids are transformers':
   `tokenizer.ggml.pre` says: "gpt-2" / "default" (GPT-2's split), Llama 3's regex ("llama-bpe"
   and its aliases), Qwen2's ("qwen2" and its aliases), and "smollm": digits one by one, then
   GPT-2's split, as SmolLM2's own `tokenizer.json` and llama.cpp split. (transformers 5 does not
-  know "smollm" and splits as GPT-2: the two differ where a run of spaces ends before a digit,
-  "x   1", which SmolLM2 tokenizes as its `tokenizer.json` does here.) Other names are refused:
-  their split is unknown.
+  know "smollm" and splits as GPT-2 alone: the two differ where a space comes before a numeral
+  other than an ASCII digit, "x ½", or a run of whitespace before a digit, "x   1"; kzoo gives
+  SmolLM2's own ids there.) Other names are refused: their split is unknown.
 - "llama": SentencePiece BPE with byte fallback, merges from the scores; Gemma's pipeline for the
   Gemma architectures (`general.architecture` "gemma", "gemma2", "gemma3"), Llama's otherwise.
 - Control tokens become special tokens and user-defined ones added tokens (both kept whole in
@@ -36,7 +36,7 @@ import tokenizers
 from tokenizers import pre_tokenizers
 
 from kzoo.models import bpe_pipelines
-from kzoo.models import chat_template as chat_templates
+from kzoo.models.chat_template import end_of_turn_token
 from kzoo.models.hf_tokenizer import HFTokenizer
 
 MODEL = "tokenizer.ggml.model"
@@ -267,7 +267,7 @@ def gguf_tokenizer_fields(tokenizer):
             f"{tokenizer.id_to_token(end) if end is not None else None!r} after."
         )
     fields.update({ADD_BOS: start is not None, ADD_EOS: end is not None})
-    end_of_turn = chat_templates.end_of_turn_token(tokenizer)
+    end_of_turn = end_of_turn_token(tokenizer)
     if end_of_turn is not None:
         fields[END_OF_TURN_ID] = tokenizer.token_to_id(end_of_turn)
     if tokenizer.chat_template:

@@ -24,6 +24,7 @@ import transformers
 from sentencepiece import sentencepiece_model_pb2
 
 import kzoo
+from kzoo.models import bpe_pipelines
 from kzoo.models import chat_template
 from kzoo.models import gguf_tokenizer
 from kzoo.models import hf_tokenizer
@@ -315,6 +316,17 @@ def test_call_conventions():
     assert tokenizer.id_to_token(eos) == "<|endoftext|>" and tokenizer.token_to_id("<|endoftext|>") == eos
     assert tokenizer.end_token_id == eos and tokenizer.start_token_id is None and tokenizer.pad_token_id is None
     assert tokenizer.get_config()["eos_token"] == "<|endoftext|>"
+
+
+def test_the_byte_alphabet_is_byte_levels():
+    """`byte_alphabet()[b]` is the character `ByteLevel` writes for the byte b."""
+    alphabet = bpe_pipelines.byte_alphabet()
+    assert len(set(alphabet)) == 256 and set(alphabet) == set(tokenizers.pre_tokenizers.ByteLevel.alphabet())
+    for text in ["a ~\n\t\x00", "é😂", "東"]:
+        spelled = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False).pre_tokenize_str(text)[
+            0
+        ][0]
+        assert spelled == "".join(alphabet[byte] for byte in text.encode("utf-8"))
 
 
 def test_bad_input_is_refused_clearly():
