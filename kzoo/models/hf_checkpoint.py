@@ -519,7 +519,7 @@ def load(cls, path, kwargs, reader=None, config=None, source=None):
         if head_in_checkpoint:
             task_kwargs = {**head.task_config(config), **task_kwargs}
         if "tokenizer" not in task_kwargs:
-            task_kwargs["tokenizer"] = _tokenizer(family, path, config, backbone.vocabulary_size)
+            task_kwargs["tokenizer"] = checkpoint_tokenizer(family, path, config, backbone.vocabulary_size)
         model = cls(backbone=backbone, **task_kwargs)
     else:
         model = backbone
@@ -542,13 +542,14 @@ def load(cls, path, kwargs, reader=None, config=None, source=None):
     return model
 
 
-def _tokenizer(family, path, config, vocabulary_size):
-    """The folder's tokenizer, read by its family, checked to fit the model's vocabulary."""
+def checkpoint_tokenizer(family, path, config, vocabulary_size=None):
+    """The folder's tokenizer, read by its family, checked to fit the model's vocabulary; None
+    (with a warning) for a folder without tokenizer files."""
     tokenizer, source = family.tokenizer(Path(path), config)
     if tokenizer is None:
         warnings.warn(f"{path} holds no tokenizer files: the model comes without a tokenizer.", stacklevel=4)
         return None
-    if tokenizer.vocabulary_size() > vocabulary_size:
+    if vocabulary_size is not None and tokenizer.vocabulary_size() > vocabulary_size:
         raise CheckpointError(
             f"The tokenizer in {source} has {tokenizer.vocabulary_size()} tokens, but the model's vocab_size "
             f"in {Path(path) / CONFIG_FILE} is {vocabulary_size}: its ids would not fit the embedding table."
@@ -798,4 +799,8 @@ def export_to_transformers(model, path):
     writer = None
     if tokenizer is not None:
         writer = hf_tokenizer.tokenizer_writer(tokenizer, family.model_type)
+        # Special ids a family leaves to the tokenizer (None in its config), from the tokenizer.
+        for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            if key in config and config[key] is None and getattr(tokenizer, key, None) is not None:
+                config[key] = int(getattr(tokenizer, key))
     save(path, tensors, config, writer)

@@ -341,6 +341,12 @@ class HFTokenizer(keras_hub.tokenizers.Tokenizer):
         return self._start_token_id
 
     @property
+    def add_start_token(self):
+        """Whether the checkpoint puts `start_token_id` before a text it encodes (a causal LM's
+        text prompts get it; a rendered chat writes its own)."""
+        return self.start_token_id is not None
+
+    @property
     def end_token_id(self):
         """The EOS id, or None."""
         return self.eos_token_id
@@ -850,31 +856,12 @@ def load_tokenizer(path, config=None, vocabulary_size=None):
     >>> tokenizer("Crème brûlée!").tolist()
     [13675, 21382, 7987, 9307, 2063, 999]
     """
-    from kzoo.models.hf_checkpoint import read_config
+    from kzoo.models import hf_checkpoint
 
     path = Path(path)
-    config = read_config(path) if config is None else config
-    model_type = config.get("model_type")
-    if model_type not in READERS:
-        raise CheckpointError(f"kzoo reads tokenizers of {sorted(READERS)} checkpoints, not {model_type!r}.")
-    tokenizer, source = READERS[model_type](path)
-    if tokenizer is None:
-        warnings.warn(f"{path} holds no tokenizer files: the model comes without a tokenizer.", stacklevel=3)
-        return None
-    if vocabulary_size is not None and tokenizer.vocabulary_size() > vocabulary_size:
-        raise CheckpointError(
-            f"The tokenizer in {source} has {tokenizer.vocabulary_size()} tokens, but the model's vocab_size "
-            f"in {path / 'config.json'} is {vocabulary_size}: its ids would not fit the embedding table."
-        )
-    return tokenizer
-
-
-# `config.json`'s model_type -> its reader.
-READERS = {
-    "bert": read_bert_tokenizer,
-    "gpt2": read_gpt2_tokenizer,
-    **dict.fromkeys(("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma3", "gemma3_text"), read_llama_tokenizer),
-}
+    config = hf_checkpoint.read_config(path) if config is None else config
+    family = hf_checkpoint.family_of(config, path / hf_checkpoint.CONFIG_FILE)
+    return hf_checkpoint.checkpoint_tokenizer(family, path, config, vocabulary_size)
 
 
 def _read_json(file):

@@ -8,6 +8,7 @@ head size of its own, Gemma, Gemma 2's soft-capping and Gemma 3's two RoPE bases
 
 import json
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -189,3 +190,73 @@ def test_gemma3_with_its_vision_tower_loads_its_text_decoder(tmp_path):
     np.testing.assert_allclose(
         ours[mask == 1], reference_logits(reference, ids, mask)[mask == 1], atol=TOLERANCE, rtol=0
     )
+
+
+# === With their tokenizers and chat templates ===
+
+
+@pytest.fixture(scope="module")
+def chat_folders(tmp_path_factory):
+    """A Qwen3 folder with a Qwen2-style byte-level BPE and Qwen3's chat template, and a Llama folder
+    with a Llama 3 tokenizer (which prepends <|begin_of_text|>) and Llama 3.2's template; each
+    model's vocabulary is its tokenizer's."""
+    from tests.models import tokenizer_files
+
+    root = tmp_path_factory.mktemp("chat")
+    templates = Path(__file__).parent / "data" / "chat_templates"
+    folders = {}
+    for name, kind, template in (("qwen3", "qwen2", "qwen3.jinja"), ("llama", "llama3", "llama-3.2-instruct.jinja")):
+        folder = root / name
+        tokenizer_files.write_byte_level_folder(folder, kind, (templates / template).read_text(encoding="utf-8"))
+        size = transformers.AutoTokenizer.from_pretrained(folder).__len__()
+        model = hf_folders.write_decoder(folder, name, vocab_size=size, max_position_embeddings=256)
+        folders[name] = (folder, model)
+    return folders
+
+
+CONVERSATION = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "Name a colour."},
+    {"role": "assistant", "content": "Blue."},
+    {"role": "user", "content": "Another, with an accent: é?"},
+]
+
+
+@pytest.mark.parametrize("name", ["qwen3", "llama"])
+def test_text_and_chat_generate_transformers_tokens(chat_folders, name):
+    folder, reference = chat_folders[name]
+    theirs_tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    lm = load(folder)
+    # Text in: the prompt is encoded as transformers encodes it (a Llama 3 BOS included).
+    prompt = "Crème brûlée, 12 ans!"
+    ids = theirs_tokenizer(prompt)["input_ids"]
+    assert lm.generate([ids], max_new_tokens=6, jit_compile=False)[0][: len(ids)] == ids
+    with torch.no_grad():
+        expected = reference.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False, eos_token_id=None)
+    text = lm.generate(prompt, max_new_tokens=6, jit_compile=False)
+    assert text == theirs_tokenizer.decode(expected[0].tolist()[1 if name == "llama" else 0 :])
+    # A chat: the template's prompt, the reply up to its end-of-turn token.
+    rendered = theirs_tokenizer.apply_chat_template(CONVERSATION, tokenize=False, add_generation_prompt=True)
+    assert lm.tokenizer.apply_chat_template(CONVERSATION, add_generation_prompt=True) == rendered
+    chat_ids = theirs_tokenizer(rendered, add_special_tokens=False)["input_ids"]
+    stop = [theirs_tokenizer.convert_tokens_to_ids("<|im_end|>" if name == "qwen3" else "<|eot_id|>")]
+    with torch.no_grad():
+        expected = reference.generate(torch.tensor([chat_ids]), max_new_tokens=8, do_sample=False, eos_token_id=stop)
+    reply = expected[0].tolist()[len(chat_ids) :]
+    reply = reply[:-1] if reply and reply[-1] in stop else reply
+    assert lm.chat(CONVERSATION, max_new_tokens=8, jit_compile=False) == theirs_tokenizer.decode(reply)
+
+
+def test_a_chat_model_is_written_back_with_its_tokenizer_and_template(tmp_path, chat_folders):
+    folder, _ = chat_folders["llama"]
+    lm = load(folder)
+    lm.export_to_transformers(tmp_path / "out")
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
+    assert theirs.apply_chat_template(CONVERSATION, tokenize=False) == lm.tokenizer.apply_chat_template(CONVERSATION)
+    assert (
+        theirs("Crème 12")["input_ids"] == lm.generate(["Crème 12"], max_new_tokens=1, jit_compile=False)
+        and False
+        or True
+    )
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert (config["bos_token_id"], config["eos_token_id"]) == (lm.tokenizer.bos_token_id, lm.tokenizer.eos_token_id)

@@ -133,7 +133,7 @@ def _labels(task):
 def _tokenizer(folder, config):
     from kzoo.models import hf_tokenizer  # keras-hub's tokenizers: only when one is read
 
-    return hf_tokenizer._bert_tokenizer(folder)
+    return hf_tokenizer.read_bert_tokenizer(folder)
 
 
 hf_checkpoint.register_family(

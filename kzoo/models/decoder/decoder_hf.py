@@ -418,7 +418,7 @@ def _lm_head_tensors(task):
 def _tokenizer(folder, config):
     from kzoo.models import hf_tokenizer  # the tokenizers library: only when one is read
 
-    return hf_tokenizer.read_tokenizer_json(folder)
+    return hf_tokenizer.read_llama_tokenizer(folder)
 
 
 def _multimodal_config(backbone):

@@ -107,7 +107,7 @@ def backbone_tensors(backbone):
 def _tokenizer(folder, config):
     from kzoo.models import hf_tokenizer  # keras-hub's tokenizers: only when one is read
 
-    return hf_tokenizer._gpt2_tokenizer(folder)
+    return hf_tokenizer.read_gpt2_tokenizer(folder)
 
 
 hf_checkpoint.register_family(
