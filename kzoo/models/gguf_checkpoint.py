@@ -73,6 +73,10 @@ _FORMATS = {
 _INTEGERS = {_V.UINT8, _V.INT8, _V.UINT16, _V.INT16, _V.UINT32, _V.INT32, _V.UINT64, _V.INT64}
 _FLOATS = {_V.FLOAT32, _V.FLOAT64}
 _MAX_DIMS = 4  # GGML_MAX_DIMS
+# Config fields that count something: a GGUF that says 0 of them is refused.
+_SIZES = (
+    "num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size",
+)  # fmt: skip
 _BLOCK = re.compile(r"blk\.(\d+)\.")
 
 
@@ -148,6 +152,7 @@ _WRITTEN = {spec.model_type: (arch, spec) for arch, spec in _ARCHITECTURES.items
 _GEMMA3_PATTERN = 6
 _GEMMA3_LOCAL_ROPE_THETA = 10000.0
 _GEMMA3_27B_LAYERS = 62
+_GEMMA3_QUERY_SCALAR = 256  # transformers' default query_pre_attn_scalar
 # transformers' GGUF_CONFIG_MAPPING: `<arch>.<key>` -> config field, for every architecture here.
 _CONFIG_KEYS = {
     "context_length": "max_position_embeddings",
@@ -167,7 +172,7 @@ _SPECIAL_TOKEN_KEYS = {
     "tokenizer.ggml.padding_token_id": "pad_token_id",
 }
 _TOKENS_KEY = "tokenizer.ggml.tokens"
-# Tokenizer values llama.cpp writes with a type other than `GGUFValueType.get_type`'s guess.
+# Tokenizer arrays whose GGUF item type llama.cpp fixes, whatever Python values they hold.
 _TOKENIZER_ARRAY_TYPES = {"tokenizer.ggml.precompiled_charsmap": _V.UINT8, "tokenizer.ggml.scores": _V.FLOAT32}
 _TOKENIZER_UINT32 = ("_token_id", "_count")
 # Tensors llama.cpp writes that no Hugging Face config of these families can express.
@@ -230,10 +235,9 @@ class GGUFCheckpoint:
             )
         tensors = {tensor.name: tensor for tensor in header.tensors}
         self.config = self._derive_config(architecture, tensors)
-        self._check_blocks(architecture, tensors)
         expected = _tensor_names(self.config, self._spec)
         self._check_tensors(architecture, expected, tensors)
-        self._tensors = {name: tensors[gguf_name] for name, (gguf_name, _) in expected.items() if gguf_name in tensors}
+        self._tensors = {name: tensors[gguf_name] for name, (gguf_name, _) in expected.items()}
         self.files = dict.fromkeys(self._tensors, self.path)
 
     def names(self):
@@ -308,6 +312,10 @@ class GGUFCheckpoint:
         for key in ("block_count", "embedding_length", "feed_forward_length", "attention.head_count"):
             if (prefix + key) not in self._fields:
                 raise CheckpointError(f"{self.path} lacks the metadata field {prefix + key!r}.")
+        for key, field in _CONFIG_KEYS.items():
+            if field in _SIZES and config.get(field, 1) < 1:
+                raise CheckpointError(f"{self.path}: {prefix}{key} is {config[field]}; it must be positive.")
+        self._check_blocks(prefix, config["num_hidden_layers"], tensors)
         for key, field in _SPECIAL_TOKEN_KEYS.items():
             value = self._optional(key, int)
             if value is not None:
@@ -320,11 +328,6 @@ class GGUFCheckpoint:
             else:
                 raise CheckpointError(f"{self.path} has no {prefix}vocab_size, {_TOKENS_KEY} or token_embd.weight.")
         heads = config["num_attention_heads"]
-        if heads <= 0 or config.get("num_key_value_heads", heads) <= 0:
-            raise CheckpointError(
-                f"{self.path}: {prefix}attention.head_count ({heads}) and head_count_kv "
-                f"({config.get('num_key_value_heads')}) must be positive."
-            )
         if heads % config.get("num_key_value_heads", heads):
             raise CheckpointError(
                 f"{self.path}: {prefix}attention.head_count ({heads}) is not a multiple of "
@@ -332,7 +335,7 @@ class GGUFCheckpoint:
             )
         key_length = self._optional(prefix + "attention.key_length", int)
         rope_dims = self._optional(prefix + "rope.dimension_count", int)
-        head_dim = key_length or rope_dims
+        head_dim = rope_dims if key_length is None else key_length
         if head_dim is None:
             if config["hidden_size"] % heads:
                 raise CheckpointError(
@@ -340,6 +343,8 @@ class GGUFCheckpoint:
                     f"{prefix}attention.head_count ({heads}), and {prefix}attention.key_length is absent."
                 )
             head_dim = config["hidden_size"] // heads
+        if head_dim < 1:
+            raise CheckpointError(f"{self.path}: the head size ({prefix}attention.key_length) is {head_dim}.")
         if rope_dims is not None and rope_dims != head_dim:
             raise CheckpointError(
                 f"{self.path}: {prefix}rope.dimension_count ({rope_dims}) differs from the head size "
@@ -376,16 +381,16 @@ class GGUFCheckpoint:
             config["query_pre_attn_scalar"] = _gemma3_query_scalar(layers, config["hidden_size"], heads, head_dim)
         return config
 
-    def _check_blocks(self, architecture, tensors):
-        """The blocks `blk.N` of the file are those `block_count` says (before they are enumerated)."""
+    def _check_blocks(self, prefix, layers, tensors):
+        """The blocks `blk.N` of the file are those `block_count` says (checked before anything is
+        made per layer)."""
         blocks = sorted({int(match.group(1)) for name in tensors if (match := _BLOCK.match(name))})
-        layers = self.config["num_hidden_layers"]
-        if blocks != list(range(layers)):
+        if len(blocks) != layers or blocks != list(range(len(blocks))):
             held = f"blocks {blocks[0]}..{blocks[-1]}" if blocks else "no blocks"
             if blocks and len(blocks) != blocks[-1] - blocks[0] + 1:
                 held = f"blocks {blocks}"
             raise CheckpointError(
-                f"{self.path}: {architecture}.block_count is {layers}, but the file holds tensors of {held}."
+                f"{self.path}: {prefix}block_count is {layers}, but the file holds tensors of {held}."
             )
 
     def _check_tensors(self, architecture, expected, tensors):
@@ -749,16 +754,19 @@ def _normalized_config(config, spec):
     result = dict(config)
     hidden, heads = config["hidden_size"], config["num_attention_heads"]
     result["num_key_value_heads"] = config.get("num_key_value_heads") or heads
-    if heads <= 0 or heads % result["num_key_value_heads"]:
-        raise CheckpointError(
-            f"num_attention_heads ({heads}) must be a positive multiple of num_key_value_heads "
-            f"({result['num_key_value_heads']})."
-        )
+    small = {key: result[key] for key in _SIZES if result.get(key) is not None and result[key] < 1}
+    if small:
+        raise CheckpointError(f"The {model_type} config's sizes must be positive; it has {small}.")
+    kv_heads = result["num_key_value_heads"]
+    if heads % kv_heads:
+        raise CheckpointError(f"num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv_heads}).")
     result["head_dim"] = config.get("head_dim") or hidden // heads
     theta, rope_type, factor = _rope(config, "full_attention")
     if theta is None:
         raise CheckpointError(f"The {model_type} config has no RoPE theta (rope_theta or rope_parameters).")
-    result["rope_theta"], result["rope_factor"] = theta, factor
+    if rope_type == "linear" and factor is None:
+        raise CheckpointError(f"The {model_type} config's linear RoPE scaling has no factor.")
+    result["rope_theta"], result["rope_factor"] = theta, factor if rope_type == "linear" else None
     # (field, the value the config has, the only value llama.cpp's architecture runs)
     fixed = [(spec.activation[0], config.get(spec.activation[0], spec.activation[1]), spec.activation[1])]
     if rope_type not in ("default", "linear"):
@@ -776,9 +784,10 @@ def _normalized_config(config, spec):
         query_scalar = _gemma3_query_scalar(layers, hidden, heads, result["head_dim"])
         fixed += [
             ("layer_types", config.get("layer_types", _gemma3_layer_types(layers)), _gemma3_layer_types(layers)),
+            ("sliding_window_pattern", config.get("sliding_window_pattern", _GEMMA3_PATTERN), _GEMMA3_PATTERN),
             ("sliding-window RoPE theta", local_theta, _GEMMA3_LOCAL_ROPE_THETA),
             ("sliding-window RoPE type", local_type, "default"),
-            ("query_pre_attn_scalar", config.get("query_pre_attn_scalar", query_scalar), query_scalar),
+            ("query_pre_attn_scalar", config.get("query_pre_attn_scalar", _GEMMA3_QUERY_SCALAR), query_scalar),
             ("attn_logit_softcapping", config.get("attn_logit_softcapping"), None),
         ]
     wrong = [f"{field} is {value!r}, not {allowed!r}" for field, value, allowed in fixed if value != allowed]

