@@ -546,7 +546,10 @@ class _Header:
                 self.fields[key] = _Field((value_type,), self.value(value_type, what))
         alignment = self.fields.get("general.alignment", _Field((_V.UINT32,), gguf.GGUF_DEFAULT_ALIGNMENT))
         if alignment.types != (_V.UINT32,) or alignment.value == 0 or alignment.value & (alignment.value - 1):
-            raise CheckpointError(f"{path}: general.alignment must be a UINT32 power of two; it is {alignment}.")
+            kind = "/".join(value_type.name for value_type in alignment.types)
+            raise CheckpointError(
+                f"{path}: general.alignment must be a UINT32 power of two; it is {kind} {alignment.value}."
+            )
         infos = []
         for index in range(tensor_count):
             name = self.string(f"tensor {index}'s name")
