@@ -53,9 +53,11 @@ TINY = {
 }
 # A tiny Llama laid out as llama.cpp writes it: rows of 256 values, the K-quants' block.
 LLAMA_CPP = dict(hidden=256, heads=4, kv_heads=2, ff=256, vocab=32)
-# What `write_gguf` may lose, per file type, relative to the largest value of the tensor: F16
-# rounds to 11 significant bits; Q8_0 to 1/127 of each block's largest value, plus its F16 scale.
-WRITE_ERROR = {"F32": 0.0, "F16": 2**-11, "BF16": 2**-8, "Q8_0": 1 / 127 + 2**-11}
+# What `write_gguf` may lose, per file type, relative to the largest value of the tensor: F16 and
+# BF16 round to 11 and 8 significant bits; Q8_0 rounds to steps of 1/127 of each block's largest
+# value (half a step at most), whose F16 scale adds up to 127 times its own rounding. Measured on
+# the tiny models: 4.3e-4, 3.4e-3 and 4.1e-3.
+WRITE_ERROR = {"F32": 0.0, "F16": 2**-11, "BF16": 2**-8, "Q8_0": 1 / 254 + 2**-11}
 # llama.cpp stores Gemma's norm weights plus one: w + 1 - 1 is w within float32's rounding at 2.
 GEMMA_NORM_ROUNDING = 2**-23
 # Gemma 3 norms and 1-D tensors are F32 in every file type.
