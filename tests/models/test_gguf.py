@@ -56,11 +56,11 @@ LLAMA_CPP = dict(hidden=256, heads=4, kv_heads=2, ff=256, vocab=32)
 # What `write_gguf` may lose, per file type, relative to the largest value of the tensor: F16 and
 # BF16 round to 11 and 8 significant bits; Q8_0 rounds to steps of 1/127 of each block's largest
 # value (half a step at most), whose F16 scale adds up to 127 times its own rounding. Measured on
-# the tiny models: 4.3e-4, 3.4e-3 and 4.1e-3.
+# the tiny models: 4.3e-4, 3.4e-3 and 4.1e-3. 1-D tensors (norms, biases) stay F32, exact.
 WRITE_ERROR = {"F32": 0.0, "F16": 2**-11, "BF16": 2**-8, "Q8_0": 1 / 254 + 2**-11}
 # llama.cpp stores Gemma's norm weights plus one: w + 1 - 1 is w within float32's rounding at 2.
 GEMMA_NORM_ROUNDING = 2**-23
-# Gemma 3 norms and 1-D tensors are F32 in every file type.
+# Logits of two float32 models with the same weights (the issue's bound for F32 GGUF files).
 TOLERANCE = 1e-5
 
 
