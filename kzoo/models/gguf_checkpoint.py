@@ -264,7 +264,7 @@ class GGUFCheckpoint:
             raise CheckpointError(
                 f"Cannot dequantize tensor {tensor.name!r} ({tensor.type.name}) of {self.path}: {error}"
             ) from error
-        weights = _from_llama_cpp(weights, tensor.name, self.config, self._spec)
+        weights = _llama_cpp_changes(weights, tensor.name, self.config, self._spec, to_llama_cpp=False)
         return weights.copy() if np.may_share_memory(weights, raw) else weights  # F32 is a view of the file
 
     @property
@@ -479,7 +479,7 @@ def write_gguf(path, config, tensors, tokenizer_fields=None, file_type="F16", *,
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
         for name, (gguf_name, _) in expected.items():  # one quantized tensor in memory at a time
-            data = _to_llama_cpp(arrays[name], gguf_name, config, spec)
+            data = _llama_cpp_changes(arrays[name], gguf_name, config, spec, to_llama_cpp=True)
             writer.write_tensor_data(gguf.quants.quantize(data, qtypes[name]))
         writer.close()
         os.replace(staging, path)
@@ -695,21 +695,14 @@ def _rope_heads(gguf_name, config):
     return None
 
 
-def _from_llama_cpp(weights, gguf_name, config, spec):
+def _llama_cpp_changes(weights, gguf_name, config, spec, to_llama_cpp):
+    """Makes (`to_llama_cpp`) or undoes llama.cpp's changes to the tensor `gguf_name`."""
     heads = _rope_heads(gguf_name, config) if spec.permute_qk else None
     if heads is not None:
-        weights = _permute_rope_rows(weights, heads, to_llama_cpp=False)
+        weights = _permute_rope_rows(weights, heads, to_llama_cpp)
     if spec.norm_shift and gguf_name.endswith("norm.weight"):
-        weights = weights - np.float32(spec.norm_shift)
-    return weights
-
-
-def _to_llama_cpp(weights, gguf_name, config, spec):
-    heads = _rope_heads(gguf_name, config) if spec.permute_qk else None
-    if heads is not None:
-        weights = _permute_rope_rows(weights, heads, to_llama_cpp=True)
-    if spec.norm_shift and gguf_name.endswith("norm.weight"):
-        weights = weights + np.float32(spec.norm_shift)
+        shift = np.float32(spec.norm_shift)
+        weights = weights + shift if to_llama_cpp else weights - shift
     return weights
 
 
