@@ -39,11 +39,13 @@ import mmap
 import os
 import re
 import struct
+import warnings
 from pathlib import Path
 
 import gguf
 import numpy as np
 
+from kzoo.models import hf_checkpoint
 from kzoo.models.hf_checkpoint import CheckpointError
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
@@ -251,6 +253,19 @@ class GGUFCheckpoint:
     def tensor_type(self, name):
         """The GGUF type of the tensor `name`, e.g. "Q4_1"."""
         return self._tensor(name).type.name
+
+    def dtype(self, name):
+        """ "F32": every type kzoo reads (`SUPPORTED_TYPES`) is read as float32 (`SafetensorsReader`'s interface)."""
+        self._tensor(name)
+        return "F32"
+
+    def values(self):
+        """How many numbers the tensors hold together (from the header)."""
+        return sum(math.prod(self.shape(name)) for name in self._tensors)
+
+    def sources(self):
+        """The file, for messages."""
+        return [self.path.name]
 
     def read(self, name):
         """The tensor `name` as a new float32 array in Hugging Face's layout."""
@@ -874,3 +889,20 @@ def _check_tokenizer_fields(fields, vocab_size):
         problems.append(f"{_TOKENS_KEY} holds {len(tokens)} tokens, more than the vocabulary size {vocab_size}")
     if problems:
         raise CheckpointError("Cannot write the tokenizer fields:\n- " + "\n- ".join(problems))
+
+
+def load(cls, path, kwargs):
+    """A kzoo decoder of class `cls` (a backbone, or a task with the checkpoint's tokenizer and chat
+    template) with the weights of the GGUF file `path`; see `from_preset`."""
+    checkpoint = GGUFCheckpoint(path)
+    kwargs = dict(kwargs)
+    is_task = getattr(cls, "backbone_cls", None) is not None
+    if is_task and "tokenizer" not in kwargs:
+        if "tokenizer.ggml.model" in checkpoint.tokenizer_fields:
+            from kzoo.models.gguf_tokenizer import tokenizer_from_gguf  # the tokenizers library: only here
+
+            kwargs["tokenizer"] = tokenizer_from_gguf(checkpoint.tokenizer_fields)
+        else:
+            warnings.warn(f"{path} holds no tokenizer: the model comes without one.", stacklevel=3)
+            kwargs["tokenizer"] = None
+    return hf_checkpoint.load(cls, path, kwargs, reader=checkpoint, config=checkpoint.config, source=checkpoint.path)

@@ -760,12 +760,10 @@ def family_for(backbone):
     )
 
 
-def export_to_transformers(model, path):
-    """Writes the kzoo backbone or task `model` as a Hugging Face folder; see `Backbone.export_to_transformers`.
-
-    Quantized layers are written dequantized (float32), as their own calls compute with them."""
-    from kzoo.models import hf_tokenizer
-
+def hf_state(model):
+    """A kzoo backbone or task as a Hugging Face checkpoint: `(config, tensors, family, head)`,
+    the `config.json` dict and `{name: float32 array}` (quantized layers dequantized, as their own
+    calls compute with them)."""
     backbone = getattr(model, "backbone", model)
     family = family_for(backbone)
     is_task = model is not backbone
@@ -787,7 +785,7 @@ def export_to_transformers(model, path):
         arrays = map_.to_hf(values(map_))
         tensors.update({prefix + name: array.astype("float32") for name, array in zip(map_.names, arrays)})
     if dropped:
-        warnings.warn(f"{head.architectures[0]} has no {dropped}: not written.", stacklevel=3)
+        warnings.warn(f"{head.architectures[0]} has no {dropped}: not written.", stacklevel=4)
     config = {
         **family.hf_config(backbone),
         **(head.hf_config(model) if head is not None else {}),
@@ -796,11 +794,19 @@ def export_to_transformers(model, path):
         "torch_dtype": "float32",
     }
     tokenizer = getattr(model, "tokenizer", None)
-    writer = None
-    if tokenizer is not None:
-        writer = hf_tokenizer.tokenizer_writer(tokenizer, family.model_type)
-        # Special ids a family leaves to the tokenizer (None in its config), from the tokenizer.
-        for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
-            if key in config and config[key] is None and getattr(tokenizer, key, None) is not None:
-                config[key] = int(getattr(tokenizer, key))
+    # Special ids a family leaves to the tokenizer (None in its config), from the tokenizer.
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        if tokenizer is not None and key in config and config[key] is None:
+            value = getattr(tokenizer, key, None)
+            config[key] = None if value is None else int(value)
+    return config, tensors, family, head
+
+
+def export_to_transformers(model, path):
+    """Writes the kzoo backbone or task `model` as a Hugging Face folder; see `Backbone.export_to_transformers`."""
+    from kzoo.models import hf_tokenizer
+
+    config, tensors, family, _ = hf_state(model)
+    tokenizer = getattr(model, "tokenizer", None)
+    writer = None if tokenizer is None else hf_tokenizer.tokenizer_writer(tokenizer, family.model_type)
     save(path, tensors, config, writer)

@@ -693,3 +693,34 @@ def test_writing_refuses_what_gguf_cannot_hold(tmp_path, kwargs, words):
     for word in words:
         assert word in str(error.value), (word, str(error.value))
     assert list(tmp_path.iterdir()) == []
+
+
+# === kzoo's models from and to GGUF files ===
+
+
+@pytest.mark.parametrize("file_type", ["F32", "Q8_0"])
+@pytest.mark.parametrize("model_type", list(TINY))
+def test_kzoo_models_from_gguf_give_transformers_gguf_logits(written, model_type, file_type):
+    import kzoo
+
+    path, _ = written(model_type, file_type)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name).eval()
+    lm = kzoo.models.CausalLM.from_preset(str(path), tokenizer=None)  # the fixture's tokenizer fields are not real
+    ids = np.random.default_rng(0).integers(0, theirs.config.vocab_size, (2, 16)).astype("int32")
+    ours = np.asarray(lm({"token_ids": ids, "padding_mask": np.ones_like(ids)}))
+    np.testing.assert_allclose(ours, logits(theirs, ids), rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen3", "gemma3_text"])
+def test_export_to_gguf_runs_in_transformers_with_kzoo_logits(tmp_path, written, model_type):
+    import kzoo
+
+    path, _ = written(model_type, "F32")
+    lm = kzoo.models.CausalLM.from_preset(str(path), tokenizer=None)
+    lm.export_to_gguf(tmp_path / "out.gguf", file_type="F32")
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="out.gguf").eval()
+    ids = np.random.default_rng(1).integers(0, theirs.config.vocab_size, (2, 16)).astype("int32")
+    ours = np.asarray(lm({"token_ids": ids, "padding_mask": np.ones_like(ids)}))
+    np.testing.assert_allclose(logits(theirs, ids), ours, rtol=0, atol=TOLERANCE)
+    with pytest.raises(CheckpointError, match="exists"):
+        lm.export_to_gguf(tmp_path / "out.gguf")

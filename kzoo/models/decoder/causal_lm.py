@@ -201,6 +201,35 @@ class CausalLM(Task):
             limit=self.backbone.max_sequence_length,
         )
 
+    def export_to_gguf(self, path, file_type="F16", overwrite=False):
+        """Writes the model as a GGUF file (llama.cpp's and Ollama's format), with its tokenizer and
+        chat template in the metadata, as llama.cpp's converter writes a Hugging Face checkpoint.
+
+        Families: those `kzoo.models.gguf_checkpoint.write_gguf` writes (Llama, SmolLM, Mistral,
+        Qwen2, Qwen3, Gemma 3). The file is written whole or not at all.
+
+        Args:
+            path: the `.gguf` file to write.
+            file_type: "F32", "F16", "BF16" or "Q8_0": the weight matrices' type (norms stay F32).
+            overwrite: bool, replace an existing file.
+
+        Example:
+        >>> lm = CausalLM.from_preset("llama_tiny")
+        >>> lm.export_to_gguf("llama_tiny.gguf", file_type="Q8_0")
+        >>> CausalLM.from_preset("llama_tiny.gguf").backbone.num_layers
+        2
+        """
+        from kzoo.models import gguf_checkpoint
+        from kzoo.models import hf_checkpoint
+
+        config, tensors, _, _ = hf_checkpoint.hf_state(self)
+        fields = None
+        if self.tokenizer is not None:
+            from kzoo.models.gguf_tokenizer import gguf_tokenizer_fields
+
+            fields = gguf_tokenizer_fields(self.tokenizer)
+        gguf_checkpoint.write_gguf(path, config, tensors, fields, file_type, overwrite=overwrite)
+
     def chat(self, messages, max_new_tokens=256, sampler="greedy", jit_compile=True, **template_variables):
         """The assistant's reply to a conversation, prompted as the model was trained to be prompted.
 

