@@ -187,12 +187,11 @@ def lora_steps(folder, epsilon, count):
     mask = np.ones((LORA_BATCH, LORA_LENGTH), "int32")
     x, y = {"token_ids": ids[:, :-1], "padding_mask": mask}, ids[:, 1:]
     ours = kzoo.models.CausalLM.from_preset(PRESET)
-    ours.backbone.enable_lora(8)
-    ours.compile(optimizer=keras.optimizers.Adam(1e-4), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     hub = keras_hub_model(folder, epsilon)
-    hub.backbone.enable_lora(8)
-    hub.compile(optimizer=keras.optimizers.Adam(1e-4), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     for model in (ours, hub):
+        model.backbone.enable_lora(8)
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        model.compile(optimizer=keras.optimizers.Adam(1e-4), loss=loss)
         model.train_on_batch(x, y)  # tracing
     return rounds({"kzoo": lambda: ours.train_on_batch(x, y), "keras_hub": lambda: hub.train_on_batch(x, y)}, count)
 
