@@ -1,14 +1,14 @@
 """kzoo: a Keras 3 / TensorFlow model zoo for transformers.
 
-`import kzoo` registers every layer and model for `.keras` deserialization. It imports Keras
-and TensorFlow without their log lines unless `TF_CPP_MIN_LOG_LEVEL` is set (`kzoo.logs`).
+`import kzoo` registers every layer and model for `.keras` deserialization.
 """
 
 __version__ = "0.1.0"
 
 from kzoo import logs
 
-logs.quiet()
+# First, so that TensorFlow's lines at import follow TF_CPP_MIN_LOG_LEVEL (see kzoo.logs).
+logs.import_tensorflow()
 
 from kzoo import config  # noqa: E402
 from kzoo import layers  # noqa: E402

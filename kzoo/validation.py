@@ -3,11 +3,48 @@
 Each raises `ValueError` naming the argument, the allowed range and the value.
 """
 
+import math
+import numbers
+
 
 def check_positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    """`value` as an int >= 1 (a Python or NumPy integer, not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
         raise ValueError(f"`{name}` must be a positive integer; received {name}={value!r}.")
-    return value
+    return int(value)
+
+
+def check_number(name, value, low=-math.inf, high=math.inf, *, low_open=True, high_open=True):
+    """`value` as a float: a real number (not a bool, not a string), finite, in the interval
+    from `low` to `high`, each end open or closed.
+
+    Example:
+    >>> check_number("p", 0.9, 0, 1, high_open=False)
+    0.9
+    >>> check_number("temperature", "0.5", low=0)
+    Traceback (most recent call last):
+    ...
+    ValueError: `temperature` must be a finite number in (0, inf); received temperature='0.5'.
+    """
+    interval = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Real)
+        or not math.isfinite(value)
+        or not (low < value if low_open else low <= value)
+        or not (value < high if high_open else value <= high)
+    ):
+        raise ValueError(f"`{name}` must be a finite number in {interval}; received {name}={value!r}.")
+    return float(value)
+
+
+def check_seed(name, value):
+    """`value` as a seed: None, or an integer that fits in 64 bits (signed)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not -(2**63) <= value < 2**63:
+        raise ValueError(f"`{name}` must be None or an integer in [-2**63, 2**63); received {name}={value!r}.")
+    return int(value)
 
 
 def check_rate(name, value):

@@ -4,8 +4,10 @@ Not imported by `import kzoo` (it needs matplotlib): `import kzoo.visualization`
 
 Example:
 >>> lm = kzoo.models.GPTCausalLM.from_preset("gpt_tiny")
->>> ids = [[ord(c) for c in "To be, or not"]]
->>> weights = self_attention_weights(lm.backbone, {"token_ids": ids, "padding_mask": [[1] * 13]})
+>>> ids = np.array([[ord(c) for c in "To be, or not"]])
+>>> weights = self_attention_weights(lm.backbone, {"token_ids": ids, "padding_mask": np.ones_like(ids)})
+>>> weights.shape  # (batch, heads, queries, keys) of the last block
+(1, 4, 13, 13)
 >>> plot_attention(weights[0], list("To be, or not"), "attention.png")
 """
 

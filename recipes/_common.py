@@ -18,8 +18,13 @@ and leaves in `--output-dir` (default `runs/<recipe>`):
   it where it stopped, also when it was killed after training, while writing its files (see
   `kzoo.training.BackupAndRestore`). A rerun with other settings is refused.
 - `history.csv` (one row per epoch, kept across resumes) and `training_curves.png`.
-- `metrics.json`: the final metrics, the settings, the steps trained and the wall time.
+- `metrics.json`: the final metrics, the settings, the steps trained and the wall time. Once
+  it is written, a rerun with other settings is refused too, and one with the same settings
+  prints its metrics and trains nothing; `--overwrite` starts afresh (see `check_earlier_run`).
 - `.lock`: one run at a time writes into the folder; a second one exits naming the first.
+
+Quiet by default: the output is the recipe's own (progress, metrics, samples), not TensorFlow's
+log lines and warnings; `--verbose` shows them (see `kzoo.logs`).
 
 A NaN or Inf loss stops the run with a message (exit status 1) before anything is saved from it.
 
@@ -44,7 +49,14 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Quiet unless --verbose (see `kzoo.logs`). TensorFlow reads its log level once, when it is
+# imported, and `import kzoo` imports it: so the flag is read and the level set here, first.
+VERBOSE = "--verbose" in sys.argv[1:]
+if VERBOSE:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0")
+import kzoo.logs  # noqa: E402
+
+kzoo.logs.quiet(VERBOSE)
 
 import keras  # noqa: E402
 import matplotlib  # noqa: E402
@@ -69,6 +81,8 @@ UNFINISHED_RUN_FILE = "unfinished_run.json"
 LOCK_FILE = ".lock"
 # Flags a resumed run may change: where things are, and how the same computation runs.
 RESUMABLE_FLAGS = ("output_dir", "data_dir", "tfds_dir", "strategy", "jit_compile")
+# Flags that say what to do with the output folder and the terminal, not what the run is.
+_ACTION_FLAGS = ("overwrite", "verbose")
 
 # The share of the training steps spent warming the learning rate up.
 WARMUP_FRACTION = 0.05
@@ -131,6 +145,16 @@ def parse_args(argv, recipe_file, description, defaults, quick, add_arguments=No
     )
     parser.add_argument("--seed", type=int, default=0, help="seeds the weights, the data order and sampling")
     parser.add_argument("--quick", action="store_true", help="tiny, fast settings: for tests and smoke runs")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start afresh in an --output-dir that holds another run (finished or not), replacing its files",
+    )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show TensorFlow's log lines and warnings (read from the command line, before TensorFlow loads)",
+    )
     if add_arguments is not None:
         add_arguments(parser)
     for action in parser._actions:
@@ -368,7 +392,7 @@ def start(args):
     run = Run(args, config, output_dir)
     if run.is_chief:
         run.lock = lock_output_dir(args, output_dir)
-        check_unfinished_run(args, output_dir)
+        check_earlier_run(args, output_dir)
     return run
 
 
@@ -403,30 +427,74 @@ def run_settings(args):
     return {
         key: value
         for key, value in vars(args).items()
-        if key not in ("parser", "recipe") and isinstance(value, (str, int, float, bool, type(None)))
+        if key not in ("parser", "recipe", *_ACTION_FLAGS) and isinstance(value, (str, int, float, bool, type(None)))
     }
 
 
-def check_unfinished_run(args, output_dir):
-    """Exits if the output folder holds backups of an unfinished run with other settings; else
-    records this run's settings (`UNFINISHED_RUN_FILE`), so that a rerun can be checked."""
+def check_earlier_run(args, output_dir):
+    """Checks the output folder against the run it may hold, and records this run's settings.
+
+    - The backup of an unfinished run (`UNFINISHED_RUN_FILE` records its settings): the same
+      settings resume it; other settings exit, naming them.
+    - A finished run (its `METRICS_FILE`): other settings exit, naming them, as its files would
+      be replaced; the same settings exit with status 0, printing its metrics (there is nothing
+      to train).
+    - `--overwrite`: a run starts afresh whatever the folder holds (its backups and
+      `METRICS_FILE` are deleted, and `Run.fit` starts fresh checkpoints and logs).
+
+    Then, while unfinished, this run's settings are in `UNFINISHED_RUN_FILE`.
+    """
     path = output_dir / UNFINISHED_RUN_FILE
     settings = run_settings(args)
     backups = sorted(str(backup) for backup in output_dir.glob("**/backup") if backup.is_dir())
-    if backups and path.is_file():
-        earlier = json.loads(path.read_text(encoding="utf-8"))
-        changed = [
-            f"--{key.replace('_', '-')} {earlier.get(key)} (now {value})"
-            for key, value in settings.items()
-            if key not in RESUMABLE_FLAGS and earlier.get(key) != value
-        ]
+    if args.overwrite:  # Until it finishes, the folder holds no finished run.
+        for backup in backups:
+            shutil.rmtree(backup)
+        (output_dir / METRICS_FILE).unlink(missing_ok=True)
+    elif backups and path.is_file():
+        changed = changed_settings(json.loads(path.read_text(encoding="utf-8")), settings)
         if changed:
             args.parser.error(
                 f"--output-dir {output_dir} holds the backup of an unfinished run of other settings, so it "
                 f"belongs to another model or training: {', '.join(changed)}. Rerun that run's command to "
-                f"resume it, or delete {' and '.join(backups)} (or pass another --output-dir) to start afresh."
+                f"resume it, or delete {' and '.join(backups)} (or pass another --output-dir, or --overwrite) "
+                "to start afresh."
             )
+    elif (output_dir / METRICS_FILE).is_file():
+        record = json.loads((output_dir / METRICS_FILE).read_text(encoding="utf-8"))
+        changed = changed_settings(record.get("settings", {}), settings)
+        if changed:
+            args.parser.error(
+                f"--output-dir {output_dir} holds a finished run of other settings, whose files this run would "
+                f"replace: {', '.join(changed)}. Pass another --output-dir, or --overwrite to replace it."
+            )
+        print_metrics(args.recipe, output_dir, record)
+        print(
+            f"\n{output_dir} holds a finished run of these settings: nothing to train. Pass --overwrite to train again."
+        )
+        raise SystemExit(0)
     path.write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
+
+
+def changed_settings(earlier, settings):
+    """The flags of `settings` that differ from the `earlier` run's, as "--flag earlier (now value)"."""
+    return [
+        f"--{key.replace('_', '-')} {earlier.get(key)} (now {value})"
+        for key, value in settings.items()
+        if key not in RESUMABLE_FLAGS and earlier.get(key) != value
+    ]
+
+
+def with_known_length(dataset):
+    """`dataset` with its number of batches known, counted in one pass if need be.
+
+    On a dataset of unknown length (filtered, bucketed), Keras' evaluation runs until the data
+    ends and then warns that the "input ran out of data", as if training had been cut short.
+    """
+    if dataset.cardinality() != tf.data.UNKNOWN_CARDINALITY:
+        return dataset
+    count = int(dataset.reduce(0, lambda count, _: count + 1))
+    return dataset.apply(tf.data.experimental.assert_cardinality(count))
 
 
 # Starts the message of a token id outside the model's vocabulary in a recipe's data.
@@ -546,13 +614,16 @@ class Run:
         if self.is_chief:
             folder.mkdir(parents=True, exist_ok=True)
             self._fitted_folders.append(folder)
+            if not (folder / "backup").is_dir():  # A fresh start: no checkpoint or log of an earlier run stays.
+                for files in ("checkpoints", "logs"):
+                    shutil.rmtree(folder / files, ignore_errors=True)
         # The backup outlives `fit`: `finish` deletes it once every file of the run is written,
         # so a run killed after training resumes without training again.
         run_callbacks = kzoo.training.callbacks(
             str(folder), self.config.strategy, backup_freq=_BACKUP_FREQ, keep_backup=True
         )
         if validation_data is not None:
-            validation_data = checked_token_ids(validation_data, model)
+            validation_data = checked_token_ids(with_known_length(validation_data), model)
         with stop_on_divergence(self.args, folder), stop_on_bad_token_ids(self.args):
             history = model.fit(
                 kzoo.training.shard_by_data(checked_token_ids(stream, model)),
@@ -604,12 +675,7 @@ class Run:
             plot_histories(histories, steps_per_epoch, self.path(CURVES_FILE), title=self.args.recipe)
             self.path(METRICS_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
             self._remove_backups()
-        numbers = {name: value for name, value in metrics.items() if isinstance(value, (int, float))}
-        numbers["wall time (s)"] = round(record["wall_time_s"])
-        width = max(len(name) for name in numbers)
-        print(f"\n{self.args.recipe}: final metrics ({self.output_dir})")
-        for name, value in numbers.items():
-            print(f"  {name:<{width}}  {value:,}" if isinstance(value, int) else f"  {name:<{width}}  {value:.4f}")
+        print_metrics(self.args.recipe, self.output_dir, record)
         return record
 
     def _remove_backups(self):
@@ -620,6 +686,19 @@ class Run:
         if self.lock is not None:
             self.lock.close()
             self.lock = None
+
+
+def print_metrics(recipe, output_dir, record):
+    """Prints the numbers of a `metrics.json` record, and its wall time."""
+    numbers = {name: value for name, value in record["metrics"].items() if isinstance(value, (int, float))}
+    numbers["wall time (s)"] = round(record["wall_time_s"])
+    width = max(len(name) for name in numbers)
+    print(f"\n{recipe}: final metrics ({output_dir})")
+    for name, value in numbers.items():
+        if isinstance(value, bool):
+            print(f"  {name:<{width}}  {value}")
+        else:
+            print(f"  {name:<{width}}  {value:,}" if isinstance(value, int) else f"  {name:<{width}}  {value:.4f}")
 
 
 def read_history(path):

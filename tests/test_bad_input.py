@@ -22,6 +22,7 @@ import pytest
 import tensorflow as tf
 
 import kzoo
+import kzoo.data
 from kzoo import export
 from kzoo.files import remove_stale_staging
 from tests.export.tiny_models import build
@@ -67,6 +68,18 @@ class Files:
 
     def _make_seq2seq(self):
         return build("seq2seq")
+
+    def _make_text_classifier(self):
+        """A BERT classifier carrying its WordPiece tokenizer: `predict` takes strings."""
+        vocabulary = kzoo.data.train_word_piece_vocabulary(["a fine film", "a dull film"], 30)
+        backbone = kzoo.models.BertBackbone(
+            vocabulary_size=V, num_layers=1, num_heads=2, hidden_dim=16, intermediate_dim=32, max_sequence_length=16
+        )
+        return kzoo.models.BertClassifier(backbone, 2, tokenizer=kzoo.data.word_piece_tokenizer(vocabulary))
+
+    def _make_text_gpt(self):
+        """A GPT carrying a character tokenizer: `generate` takes strings."""
+        return kzoo.models.GPTCausalLM(build("gpt").backbone, tokenizer=kzoo.data.character_tokenizer(V))
 
     def _make_tflite(self):
         path = self.folder / "gpt.tflite"
@@ -221,6 +234,23 @@ CASES = [
      "`max_length` must be an int >= 1; received max_length=0."),
     ("generate_max_new_tokens_0", lambda f, *_: f.gpt.generate([[1, 2]], max_new_tokens=0), ValueError, None,
      "`max_new_tokens` must be an int >= 1"),
+    ("generate_max_new_tokens_beyond_the_model", lambda f, *_: f.gpt.generate([[1, 2], [3]], max_new_tokens=10**9),
+     ValueError, None, ("`max_new_tokens` must be <= 14: the longest prompt has 2 tokens and the model's maximum "
+                        "sequence length is 16; received max_new_tokens=1000000000.")),
+    ("generate_prompt_as_long_as_the_model", lambda f, *_: f.gpt.generate([[1], list(range(1, 17))]), ValueError, None,
+     ("Prompt 1 of `prompts` has 16 tokens, which leaves no room to generate within the model's maximum sequence "
+      "length (16): a prompt must have fewer than 16 tokens.")),
+    ("generate_prompt_of_none", lambda f, *_: f.gpt.generate([[None]], max_new_tokens=2), ValueError, None,
+     "`prompts` must hold integer token ids; received object values such as None."),
+    # Samplers: each argument's type and range.
+    ("sampler_temperature_a_string", lambda *_: kzoo.samplers.RandomSampler(temperature="0.5"), ValueError, None,
+     "`temperature` must be a finite number in (0, inf); received temperature='0.5'."),
+    ("sampler_length_penalty_nan", lambda *_: kzoo.samplers.BeamSampler(length_penalty=float("nan")), ValueError, None,
+     "`length_penalty` must be a finite number in (-inf, inf); received length_penalty=nan."),
+    ("sampler_top_p_nan", lambda *_: kzoo.samplers.TopPSampler(p=float("nan")), ValueError, None,
+     "`p` must be a finite number in (0, 1]; received p=nan."),
+    ("sampler_seed_a_float", lambda *_: kzoo.samplers.TopKSampler(seed=0.5), ValueError, None,
+     "`seed` must be None or an integer in [-2**63, 2**63); received seed=0.5."),
     ("seq2seq_start_token_above_the_vocabulary", lambda f, *_: f.seq2seq.generate([[7, 8]], 10**6, max_new_tokens=2),
      ValueError, None, "`start_token_id` must be in [0, 64) (the model's vocabulary_size); received 1000000."),
     ("seq2seq_float_source", lambda f, *_: f.seq2seq.generate([[7.5, 8]], 5, max_new_tokens=2), ValueError, None,
@@ -234,6 +264,17 @@ CASES = [
      ValueError, None, "`token_ids` must hold integer token ids"),
     ("predict_id_above_the_vocabulary", lambda f, *_: f.gpt.predict({"token_ids": np.array([[300, 5]]), "padding_mask": np.ones((1, 2))}),
      ValueError, None, "`token_ids` must be in [0, 64)"),
+    # predict on text (a model with a tokenizer): each item a string, and Unicode text.
+    ("predict_none", lambda f, *_: f.text_classifier.predict([None]), ValueError, None,
+     "`x` must hold integer token ids (or be strings: the model has a tokenizer); received None (NoneType)."),
+    ("predict_a_number_among_strings", lambda f, *_: f.text_classifier.predict(["a fine film", 5]), ValueError, None,
+     "`x[1]` is 5 (int), not a string: `x` must be all strings (text) or all token ids."),
+    ("predict_a_lone_surrogate", lambda f, *_: f.text_classifier.predict(["a fine film", "fine \ud800"]), ValueError,
+     None, "`x[1]` is not Unicode text: character 5 of 'fine \\ud800' is a lone surrogate ('\\ud800')"),
+    ("generate_a_lone_surrogate", lambda f, *_: f.text_gpt.generate("fine \ud800", max_new_tokens=2), ValueError,
+     None, "`prompts` is not Unicode text: character 5 of 'fine \\ud800' is a lone surrogate ('\\ud800')"),
+    ("predict_bytes_not_utf8", lambda f, *_: f.text_classifier.predict([b"caf\xe9"]), ValueError, None,
+     "`x[0]` is not UTF-8 text: byte 3 of b'caf\\xe9' cannot be decoded (unexpected end of data)"),
     ("fit_id_above_the_vocabulary", lambda f, *_: f.gpt.fit({"token_ids": np.array([[300, 5]]), "padding_mask": np.ones((1, 2))}, np.ones((1, 2))),
      ValueError, None, "`token_ids` must be in [0, 64)"),
     # A recipe's training stream (checked in its tf.data pipeline), compiled step.

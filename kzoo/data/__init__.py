@@ -8,8 +8,12 @@
   seq2seq and conditional (decoder-only) translation.
 
 Example:
->>> pairs = load("kzoo_spa_eng", "train", data_dir="/tmp/tfds", as_supervised=True)
->>> english = word_piece_tokenizer(train_word_piece_vocabulary(pairs.map(lambda en, es: en), 8000))
+>>> reviews = load("kzoo_sentiment_sentences", "train", data_dir="tfds", as_supervised=True)
+Preparing kzoo_sentiment_sentences from its corpus files into tfds/kzoo_sentiment_sentences/1.0.0 (on first use only)
+>>> texts = reviews.map(lambda text, label: text)
+>>> tokenizer = word_piece_tokenizer(train_word_piece_vocabulary(texts, 1000))
+>>> tokenizer.detokenize(tokenizer("a very good film"))
+'a very good film'
 """
 
 from kzoo.data.builders import BUILDERS

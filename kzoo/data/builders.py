@@ -10,8 +10,10 @@ A prepared dataset records the SHA-256 of its source files, and is prepared agai
 they differ (other files, another `source_dir`): stale data is never read.
 """
 
+import contextlib
 import hashlib
 import inspect
+import io
 
 import tensorflow_datasets as tfds
 
@@ -33,8 +35,9 @@ class CorpusBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
             TFRecords go.
 
     Example:
-    >>> builder = KzooWnut17(data_dir="/tmp/tfds")
-    >>> builder.download_and_prepare()
+    >>> builder = KzooWnut17(data_dir="tfds")
+    >>> builder.download_and_prepare()  # doctest: +ELLIPSIS
+    Preparing kzoo_wnut17 ...
     >>> builder.info.splits["test"].num_examples
     1287
     """
@@ -85,10 +88,16 @@ class CorpusBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     def download_and_prepare(self, *, download_dir=None, download_config=None, **kwargs):
         """Prepares the dataset, again if its source files changed since it was prepared."""
         checksum = self.source_checksum()
-        if self.is_prepared() and (checksum is None or self.info.metadata.get("source_sha256") != checksum):
+        prepared = self.is_prepared()
+        if prepared and (checksum is None or self.info.metadata.get("source_sha256") != checksum):
             download_config = download_config or tfds.download.DownloadConfig()
             download_config.download_mode = tfds.download.GenerateMode.REUSE_CACHE_IF_EXISTS
-        super().download_and_prepare(download_dir=download_dir, download_config=download_config, **kwargs)
+            print(f"Preparing {self.name} again into {self.data_dir}: its corpus files changed")
+        elif not prepared:
+            print(f"Preparing {self.name} from its corpus files into {self.data_dir} (on first use only)")
+        # In place of tensorflow-datasets' lines, which announce a download of unknown size.
+        with contextlib.redirect_stdout(io.StringIO()):
+            super().download_and_prepare(download_dir=download_dir, download_config=download_config, **kwargs)
 
     def _split_generators(self, dl_manager):
         self.info.metadata["source_sha256"] = self.source_checksum()
@@ -261,8 +270,11 @@ def load(name, split, data_dir=None, *, source_dir=None, as_supervised=False):
             e.g. `(text, label)`, instead of a feature dict.
 
     Example:
-    >>> dataset = load("kzoo_rt_polarity", "test", data_dir="/tmp/tfds", as_supervised=True)
+    >>> dataset = load("kzoo_rt_polarity", "test", data_dir="tfds", as_supervised=True)
+    Preparing kzoo_rt_polarity from its corpus files into tfds/kzoo_rt_polarity/1.0.0 (on first use only)
     >>> text, label = next(iter(dataset))
+    >>> text.dtype, label.dtype
+    (tf.string, tf.int64)
     """
     if name in BUILDERS:
         builder = BUILDERS[name](data_dir=data_dir, source_dir=source_dir)

@@ -153,7 +153,7 @@ def masked_lm_batches(
 
     Example:
     >>> texts = tf.data.Dataset.from_tensor_slices(["the cat sat", "the hat"])
-    >>> tokenizer = word_piece_tokenizer(train_word_piece_vocabulary(texts, 40))
+    >>> tokenizer = kzoo.data.word_piece_tokenizer(kzoo.data.train_word_piece_vocabulary(texts, 40))
     >>> x, mask_ids, mask_weights = next(iter(masked_lm_batches(texts, tokenizer, 8, 2, seed=0)))
     >>> x["token_ids"].shape, x["mask_positions"].shape
     (TensorShape([2, 8]), TensorShape([2, 2]))
@@ -254,7 +254,7 @@ def classification_batches(
 
     Example:
     >>> examples = tf.data.Dataset.from_tensor_slices((["a fine film", "dull"], [1, 0]))
-    >>> x, label = next(iter(classification_batches(examples, character_tokenizer(), 8, 2)))
+    >>> x, label = next(iter(classification_batches(examples, kzoo.data.character_tokenizer(), 8, 2)))
     >>> x["token_ids"].shape, label.numpy().tolist()
     (TensorShape([2, 8]), [1, 0])
     """
@@ -331,7 +331,8 @@ def tagging_batches(
     Example:
     >>> words, tags = tf.ragged.constant([["Hi", "Bo"]]), tf.ragged.constant([[0, 9]])
     >>> examples = tf.data.Dataset.from_tensor_slices((words, tags))
-    >>> batches = tagging_batches(examples, character_tokenizer(), 6, 1, start_token_id=None, end_token_id=None)
+    >>> characters = kzoo.data.character_tokenizer()
+    >>> batches = tagging_batches(examples, characters, 6, 1, start_token_id=None, end_token_id=None)
     >>> x, labels, weights = next(iter(batches))
     >>> labels.numpy().tolist(), weights.numpy().tolist()
     ([[0, 0, 9, 0, 0, 0]], [[1.0, 0.0, 1.0, 0.0, 0.0, 0.0]])
@@ -426,7 +427,7 @@ def seq2seq_batches(
 
     Example:
     >>> pairs = tf.data.Dataset.from_tensor_slices((["Go."], ["Ve."]))
-    >>> characters = character_tokenizer()  # [BOS], [EOS]: code points 2 and 3 (STX, ETX)
+    >>> characters = kzoo.data.character_tokenizer()  # [BOS], [EOS]: code points 2 and 3 (STX, ETX)
     >>> batches = seq2seq_batches(pairs, characters, characters, 4, 5, 1, start_token_id=2, end_token_id=3)
     >>> x, y, w = next(iter(batches))
     >>> x["decoder_token_ids"].numpy().tolist(), y.numpy().tolist()
@@ -521,7 +522,7 @@ def conditional_lm_batches(
 
     Example:
     >>> pairs = tf.data.Dataset.from_tensor_slices((["Hi"], ["Ola"]))
-    >>> characters = character_tokenizer()  # [SEP], [EOS]: code points 3 and 4 (ETX, EOT)
+    >>> characters = kzoo.data.character_tokenizer()  # [SEP], [EOS]: code points 3 and 4 (ETX, EOT)
     >>> batches = conditional_lm_batches(pairs, characters, 8, 1, separator_token_id=3, end_token_id=4)
     >>> x, y, w = next(iter(batches))
     >>> x["token_ids"].numpy().tolist(), y.numpy().tolist(), w.numpy().tolist()
@@ -569,7 +570,7 @@ def conditional_lm_prompts(sources, tokenizer, sequence_length, *, separator_tok
         A list of token-id lists (ragged), for `GPTCausalLM.generate`.
 
     Example:
-    >>> conditional_lm_prompts(["Hi"], character_tokenizer(), 8, separator_token_id=3)
+    >>> conditional_lm_prompts(["Hi"], kzoo.data.character_tokenizer(), 8, separator_token_id=3)
     [[72, 105, 3]]
     """
 
@@ -670,7 +671,7 @@ def tokenize(tokenizer, strings):
         strings: a string tensor of shape `[n]`.
 
     Example:
-    >>> tokenize(character_tokenizer(), tf.constant(["Hi", "a"])).to_list()
+    >>> tokenize(kzoo.data.character_tokenizer(), tf.constant(["Hi", "a"])).to_list()
     [[72, 105], [97]]
     """
     token_ids = tokenizer(strings)

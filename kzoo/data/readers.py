@@ -46,7 +46,7 @@ def find_file(directory, name):
         The one matching `Path`; `DataFileError` if there is none, or more than one.
 
     Example:
-    >>> find_file(corpus_dir() / "spa-eng", "spa.txt").name
+    >>> find_file(kzoo.data.corpus_dir() / "spa-eng", "spa.txt").name
     'spa.txt.xz'
     """
     directory = Path(directory)
@@ -67,7 +67,7 @@ def read_text(path):
         path: a plain, `.xz` or `.gz` file.
 
     Example:
-    >>> len(read_text(find_file(corpus_dir() / "tinyshakespeare", "input.txt")))
+    >>> len(read_text(find_file(kzoo.data.corpus_dir() / "tinyshakespeare", "input.txt")))
     1115394
     """
     path = Path(path)
@@ -99,7 +99,7 @@ def read_lines(path):
         path: a plain, `.xz` or `.gz` UTF-8 file.
 
     Example:
-    >>> read_lines(find_file(corpus_dir() / "spa-eng", "spa.txt"))[0]
+    >>> read_lines(find_file(kzoo.data.corpus_dir() / "spa-eng", "spa.txt"))[0]
     (1, 'Go.\\tVe.')
     """
     lines = read_text(path).split("\n")
@@ -118,7 +118,7 @@ def read_tab_separated(path, num_fields, split_on_last_tab=False):
             the first field instead of making the line wrong.
 
     Example:
-    >>> read_tab_separated(find_file(corpus_dir() / "spa-eng", "spa.txt"), 2)[0]
+    >>> read_tab_separated(find_file(kzoo.data.corpus_dir() / "spa-eng", "spa.txt"), 2)[0]
     (1, ['Go.', 'Ve.'])
     """
     return [
@@ -160,7 +160,7 @@ def read_blocks(path):
         path: a plain, `.xz` or `.gz` UTF-8 file.
 
     Example:
-    >>> read_blocks(find_file(corpus_dir() / "wnut17", "wnut17train.conll"))[0][:2]
+    >>> read_blocks(find_file(kzoo.data.corpus_dir() / "wnut17", "wnut17train.conll"))[0][:2]
     [(1, '@paulwalk\\tO'), (2, 'It\\tO')]
     """
     blocks, block = [], []
@@ -183,7 +183,7 @@ def read_json_lines(path, required_keys):
         required_keys: keys every record must have.
 
     Example:
-    >>> path = find_file(corpus_dir() / "scitldr-a", "train.jsonl")
+    >>> path = find_file(kzoo.data.corpus_dir() / "scitldr-a", "train.jsonl")
     >>> read_json_lines(path, ["source", "target"])[0][1]["target"]
     ['We provide necessary and sufficient analytical forms ...']
     """

@@ -39,12 +39,18 @@ Kinds:
   ("<|endoftext|>") are kept whole. Start token: the tokenizer's `start_token_id` (GPT-2:
   "<|endoftext|>", the document separator it was trained with) or none; stop token: its
   `end_token_id`.
+- `kzoo.models.hf_tokenizer.HFTokenizer` (the Llama lineage: Llama, Qwen, SmolLM, Gemma): its own
+  `tokenizer.json`, less the post-processor (the runtime puts the start token before a prompt
+  itself, from the metadata). Start token: its `start_token_id` (the checkpoint's BOS, or none);
+  stop tokens: its EOS and its chat template's end-of-turn token (`<|im_end|>` for ChatML,
+  `<end_of_turn>` for Gemma, `<|eot_id|>` for Llama 3); the chat template comes along.
 
 Example:
 >>> exported = hugging_face_tokenizer(kzoo.data.character_tokenizer(128))
 >>> exported.tokenizer.encode("Hi").ids
 [72, 105]
->>> exported.tokenizer.to_str()  # the tokenizer.json text
+>>> exported.tokenizer.to_str()[:40]  # the tokenizer.json text
+'{"version":"1.0","truncation":null,"padd'
 """
 
 import dataclasses
@@ -57,7 +63,9 @@ from tokenizers import normalizers
 from tokenizers import pre_tokenizers
 
 from kzoo.data.characters import CharacterTokenizer
+from kzoo.models import chat_template
 from kzoo.models.hf_tokenizer import BertTokenizer
+from kzoo.models.hf_tokenizer import HFTokenizer
 
 # kzoo's end-of-sequence token in the WordPiece vocabularies it fits (`kzoo.data.SPECIAL_TOKENS`).
 WORD_PIECE_END_TOKEN = "[EOS]"
@@ -71,11 +79,13 @@ class HuggingFaceTokenizer:
         tokenizer: the `tokenizers.Tokenizer`; `to_str()` is the `tokenizer.json` text.
         start_token_id: the id a runtime puts before every prompt, or None.
         stop_token_ids: the ids that end a generation (LiteRT-LM needs at least one).
+        chat_template: the Jinja chat template, or None.
     """
 
     tokenizer: tokenizers.Tokenizer
     start_token_id: object
     stop_token_ids: list
+    chat_template: object = None
 
 
 def hugging_face_tokenizer(tokenizer):
@@ -231,10 +241,30 @@ def _byte_pairs(tokenizer):
     )
 
 
+def _hugging_face(tokenizer):
+    """An HFTokenizer's own tokenizer.json, without its post-processor: the runtime puts the start
+    token before a prompt, and `encode` gives the ids of the text alone, as `tokenize` does."""
+    result = tokenizers.Tokenizer.from_str(tokenizer.backend.to_str())
+    result.post_processor = None
+    stop_token_ids = chat_template.stop_token_ids(tokenizer)
+    if not stop_token_ids:
+        raise ValueError(
+            "An HFTokenizer needs an EOS token (`eos_token`) or a chat template that ends replies with an added "
+            "token, for a LiteRT-LM bundle's stop token."
+        )
+    return HuggingFaceTokenizer(
+        result,
+        start_token_id=tokenizer.start_token_id,
+        stop_token_ids=stop_token_ids,
+        chat_template=tokenizer.chat_template,
+    )
+
+
 # keras-hub tokenizer class -> writer; the most derived class of a tokenizer that is a key wins.
 WRITERS = {
     CharacterTokenizer: _characters,
     keras_hub.tokenizers.UnicodeCodepointTokenizer: _characters,
     keras_hub.tokenizers.WordPieceTokenizer: _word_pieces,
     keras_hub.tokenizers.BytePairTokenizer: _byte_pairs,
+    HFTokenizer: _hugging_face,
 }

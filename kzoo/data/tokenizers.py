@@ -125,7 +125,9 @@ def save_tokenizer(tokenizer, directory):
         directory: the folder, typically the model's; created if missing.
 
     Example:
-    >>> save_tokenizer(tokenizer, "runs/bert_tiny")  # then load_tokenizer("runs/bert_tiny")
+    >>> save_tokenizer(word_piece_tokenizer(train_word_piece_vocabulary(["the cat sat"], 30)), "runs/tiny")
+    >>> sorted(path.name for path in Path("runs/tiny").iterdir())
+    ['tokenizer.json', 'vocabulary.txt']
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -142,7 +144,9 @@ def load_tokenizer(directory):
         directory: the folder holding `tokenizer.json` (and `vocabulary.txt` for WordPiece).
 
     Example:
-    >>> tokenizer = load_tokenizer("runs/bert_tiny")
+    >>> save_tokenizer(character_tokenizer(), "runs/characters")
+    >>> load_tokenizer("runs/characters")("Hi").tolist()
+    [72, 105]
     """
     path = Path(directory) / _CONFIG_FILE
     if not path.is_file():

@@ -22,7 +22,7 @@ class AddAndNorm(LayerNormalization):
 
     Example:
     >>> x, y = keras.random.normal((2, 3, 8)), keras.random.normal((2, 3, 8))
-    >>> AddAndNorm(0.1)(x, y).shape
+    >>> tuple(AddAndNorm(0.1)(x, y).shape)
     (2, 3, 8)
 
     References:
@@ -33,9 +33,8 @@ class AddAndNorm(LayerNormalization):
         super().__init__(**kwargs)
         if not self._fusable(None):
             raise ValueError(
-                "`AddAndNorm` normalizes over the last axis with `center` and `scale` and without "
-                f"`rms_scaling`; received axis={self.axis}, center={self.center}, scale={self.scale}, "
-                f"rms_scaling={self.rms_scaling}."
+                "`AddAndNorm` normalizes over the last axis with `center` and `scale`; received "
+                f"axis={self.axis}, center={self.center}, scale={self.scale}."
             )
         self.dropout = check_rate("dropout", dropout)
         self.seed = seed

@@ -28,7 +28,7 @@ class FeedForward(keras.layers.Layer):
         **kwargs: base layer arguments.
 
     Example:
-    >>> FeedForward(64)(keras.random.normal((2, 5, 16))).shape
+    >>> tuple(FeedForward(64)(keras.random.normal((2, 5, 16))).shape)
     (2, 5, 16)
 
     References:

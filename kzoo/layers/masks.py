@@ -6,24 +6,31 @@ from keras import ops
 from keras.src.backend import get_keras_mask as keras_mask  # noqa: F401
 
 
-def causal_mask(query_length, key_length, offset=0):
-    """The look-ahead mask `(query_length, key_length)`.
+def causal_mask(query_length, key_length, offset=0, window=None):
+    """The look-ahead mask `(query_length, key_length)`, optionally a sliding window.
 
     Query `i` sits at position `offset + i` and may attend to keys at
-    positions `<= offset + i`. `offset` is the cache index during incremental
-    decoding and 0 otherwise.
+    positions `<= offset + i`; with a `window` W, only to the W latest of
+    them, positions `> offset + i - W` (the query's own included), as
+    Mistral, Qwen and Gemma's sliding-window layers attend. `offset` is the
+    cache index during incremental decoding and 0 otherwise.
 
     Args:
         query_length: int or scalar tensor.
         key_length: int or scalar tensor.
         offset: int or scalar tensor, the position of the first query.
+        window: None or an int >= 1, the keys each query sees.
 
     Example:
-    >>> causal_mask(3, 3)  # lower-triangular
+    >>> keras.ops.convert_to_numpy(causal_mask(3, 3, window=2)).astype(int).tolist()
+    [[1, 0, 0], [1, 1, 0], [0, 1, 1]]
     """
     query_positions = ops.arange(query_length) + offset
     key_positions = ops.arange(key_length)
-    return ops.greater_equal(query_positions[:, None], key_positions[None, :])
+    mask = ops.greater_equal(query_positions[:, None], key_positions[None, :])
+    if window is None:
+        return mask
+    return ops.logical_and(mask, ops.greater(key_positions[None, :], query_positions[:, None] - window))
 
 
 def merge_masks(query_mask=None, key_mask=None, attention_mask=None, causal=None):

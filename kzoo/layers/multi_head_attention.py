@@ -2,9 +2,13 @@ import keras
 import numpy as np
 from keras import ops
 
+from kzoo.layers._prototypes import copy_layer
+from kzoo.layers._prototypes import deserialize_patterns
+from kzoo.layers._prototypes import unbuilt_config
 from kzoo.layers.masks import causal_mask
 from kzoo.layers.masks import keras_mask
 from kzoo.layers.masks import merge_masks
+from kzoo.layers.rotary_embedding import RotaryEmbedding
 from kzoo.layers.scaled_dot_product_attention import scaled_dot_product_attention
 from kzoo.validation import check_divisible
 from kzoo.validation import check_positive_int
@@ -30,6 +34,11 @@ class MultiHeadAttention(keras.layers.Layer):
     `key_mask` `(B, T)`. Padded query rows attend to nothing; the output keeps
     the query's mask.
 
+    Between the projections and the attention (and the cache write) the
+    queries and keys pass through `transform_query_key`, the one place where
+    per-head normalization (`query_key_norm`, QK-norm) and rotary positions
+    (`rotary_embedding`) apply; a subclass may override it.
+
     KV cache: pass `cache`, a pair `(keys, values)` of shapes
     `(B, num_key_value_heads, S, key_dim)` and `(..., value_dim)` (head-major,
     so decoding never transposes it; `empty_cache` makes one). Keys and
@@ -39,7 +48,9 @@ class MultiHeadAttention(keras.layers.Layer):
     attend over the whole cache; with `use_causal_mask=True` query `i` sits at
     position `cache_index + i`, so slots not written yet are never seen. Without
     `cache_index` the cache is used as is (precomputed cross-attention
-    keys/values from `compute_cache`). In cache mode the padding masks of
+    keys/values from `compute_cache`). With `sliding_window` W, a causal
+    query sees only the W latest positions, in the cache as without it. In
+    cache mode the padding masks of
     `value`/`key` do not apply; give `attention_mask` over all `S` slots. The
     call then returns `(output, new_cache)`.
 
@@ -49,22 +60,42 @@ class MultiHeadAttention(keras.layers.Layer):
         value_dim: int, size of each value head d_v; defaults to `key_dim`.
         num_key_value_heads: int dividing `num_heads`; defaults to `num_heads`.
         dropout: float in [0, 1), dropout on the attention weights.
-        use_bias: bool, whether the projections have biases.
+        use_bias: bool, whether the query, key and value projections have
+            biases.
         output_dim: int, size of the output; defaults to the query's width.
         kernel_initializer: initializer of the projection kernels.
         bias_initializer: initializer of the projection biases.
         seed: int, seed of the dropout.
+        use_output_bias: bool, whether W^O has a bias; defaults to `use_bias`.
+        rotary_embedding: None or a `kzoo.layers.RotaryEmbedding`, applied to
+            the queries and keys at their positions (RoPE).
+        query_key_norm: None or a normalization layer (e.g.
+            `kzoo.layers.RMSNormalization(epsilon=1e-6)`): a copy of it
+            normalizes each query head and another each key head over
+            `key_dim` (QK-norm, as in Qwen3 and Gemma 3).
+        scale: float, the factor on `Q K^T`; defaults to `1 / sqrt(key_dim)`
+            (Gemma: `query_pre_attn_scalar ** -0.5`).
+        soft_cap: None or a float c: scores become `c * tanh(s / c)`.
+        sliding_window: None or an int >= 1: with `use_causal_mask`, each
+            query attends to the `sliding_window` latest positions only.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Example:
     >>> x = keras.random.normal((2, 5, 16))
     >>> mha = MultiHeadAttention(num_heads=4, key_dim=4, num_key_value_heads=2)
-    >>> mha(x, use_causal_mask=True).shape
+    >>> tuple(mha(x, use_causal_mask=True).shape)
+    (2, 5, 16)
+    >>> llama_like = MultiHeadAttention(
+    ...     num_heads=4, key_dim=8, num_key_value_heads=1, use_bias=False,
+    ...     rotary_embedding=kzoo.layers.RotaryEmbedding(max_wavelength=500000),
+    ...     query_key_norm=kzoo.layers.RMSNormalization(epsilon=1e-6), sliding_window=3)
+    >>> tuple(llama_like(x, use_causal_mask=True).shape)
     (2, 5, 16)
 
     References:
         Vaswani et al., "Attention Is All You Need", 2017, sec. 3.2.2.
         Ainslie et al., "GQA", 2023.
+        Su et al., "RoFormer", 2021 (rotary positions).
     """
 
     def __init__(
@@ -79,6 +110,12 @@ class MultiHeadAttention(keras.layers.Layer):
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
         seed=None,
+        use_output_bias=None,
+        rotary_embedding=None,
+        query_key_norm=None,
+        scale=None,
+        soft_cap=None,
+        sliding_window=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -88,8 +125,21 @@ class MultiHeadAttention(keras.layers.Layer):
         self.num_key_value_heads = check_positive_int("num_key_value_heads", num_key_value_heads or num_heads)
         check_divisible("num_heads", num_heads, "num_key_value_heads", self.num_key_value_heads)
         self.dropout = check_rate("dropout", dropout)
-        self.use_bias = use_bias
+        self.use_bias = bool(use_bias)
+        self.use_output_bias = self.use_bias if use_output_bias is None else bool(use_output_bias)
         self.output_dim = None if output_dim is None else check_positive_int("output_dim", output_dim)
+        self.rotary_embedding = _layer_argument("rotary_embedding", rotary_embedding, RotaryEmbedding)
+        if rotary_embedding is not None and rotary_embedding.sequence_axis not in (1, -3):
+            raise ValueError(
+                "`rotary_embedding` rotates the queries and keys as `(B, T, heads, head_dim)`: give it "
+                f"sequence_axis=1; received sequence_axis={rotary_embedding.sequence_axis}."
+            )
+        # A prototype: its config, copied for the queries and the keys in `build` (not a sublayer).
+        _layer_argument("query_key_norm", query_key_norm, keras.layers.Layer)
+        self._query_key_norm = unbuilt_config(query_key_norm)
+        self.scale = _positive_or_none("scale", scale)
+        self.soft_cap = _positive_or_none("soft_cap", soft_cap)
+        self.sliding_window = None if sliding_window is None else check_positive_int("sliding_window", sliding_window)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.seed = seed
@@ -119,10 +169,15 @@ class MultiHeadAttention(keras.layers.Layer):
         self.key_dense.build(key_shape)
         self.value_dense = self._projection("value", self.num_key_value_heads, self.value_dim)
         self.value_dense.build(value_shape)
+        if self._query_key_norm is not None:
+            self.query_norm = copy_layer(self._query_key_norm, "query_norm", self.dtype_policy)
+            self.query_norm.build((None, None, self.num_heads, self.key_dim))
+            self.key_norm = copy_layer(self._query_key_norm, "key_norm", self.dtype_policy)
+            self.key_norm.build((None, None, self.num_key_value_heads, self.key_dim))
         self.output_dense = keras.layers.EinsumDense(
             "bthv,hvd->btd",
             output_shape=(None, self.output_dim or query_shape[-1]),
-            bias_axes="d" if self.use_bias else None,
+            bias_axes="d" if self.use_output_bias else None,
             kernel_initializer=clone_initializer(self.kernel_initializer),
             bias_initializer=clone_initializer(self.bias_initializer),
             dtype=self.dtype_policy,
@@ -140,7 +195,7 @@ class MultiHeadAttention(keras.layers.Layer):
         )
 
     def _project(self, x, *denses):
-        """`(B, T, d)` -> one head-major `(B, heads, T, head_dim)` per dense.
+        """`(B, T, d)` -> one `(B, T, heads, head_dim)` per dense.
 
         Each dense is called, except for one token (a decoding step) through
         float kernels: there the projections run side by side, as one
@@ -151,23 +206,49 @@ class MultiHeadAttention(keras.layers.Layer):
         """
         side_by_side = x.shape[1] == 1 and len(denses) > 1 and all(d.quantization_mode is None for d in denses)
         if not side_by_side:
-            return [ops.transpose(dense(x), (0, 2, 1, 3)) for dense in denses]
+            return [dense(x) for dense in denses]
         kernels = [ops.cast(dense.kernel, self.compute_dtype) for dense in denses]  # (d, heads, head_dim) each
         y = ops.matmul(x, ops.concatenate([ops.reshape(kernel, (kernel.shape[0], -1)) for kernel in kernels], axis=1))
         if self.use_bias:
             y = y + ops.concatenate([ops.reshape(ops.cast(dense.bias, self.compute_dtype), (-1,)) for dense in denses])
         sizes = [kernel.shape[1] * kernel.shape[2] for kernel in kernels]
         parts = ops.split(y, np.cumsum(sizes)[:-1].tolist(), axis=-1)
-        return [
-            ops.transpose(ops.reshape(part, (ops.shape(x)[0], 1, *kernel.shape[1:])), (0, 2, 1, 3))
-            for part, kernel in zip(parts, kernels)
-        ]
+        return [ops.reshape(part, (ops.shape(x)[0], 1, *kernel.shape[1:])) for part, kernel in zip(parts, kernels)]
+
+    def transform_query_key(self, query, key, start_index):
+        """The queries and keys between the projections and the attention; users can override this.
+
+        Applies `query_key_norm` (a copy per side, over each head) and then
+        `rotary_embedding` at positions `start_index, start_index + 1, ...`.
+
+        Args:
+            query: `(B, T_q, num_heads, key_dim)`, or None (`compute_cache`).
+            key: `(B, T_k, num_key_value_heads, key_dim)`, or None where the
+                keys come from a precomputed cache.
+            start_index: int or scalar int tensor, the position of the first
+                query (and key).
+
+        Returns:
+            `(query, key)`, of the same shapes.
+        """
+        norms = (self.query_norm, self.key_norm) if self._query_key_norm is not None else (None, None)
+        results = []
+        for x, norm in zip((query, key), norms):
+            if x is not None and norm is not None:
+                x = norm(x)
+            if x is not None and self.rotary_embedding is not None:
+                x = self.rotary_embedding(x, start_index=start_index)
+            results.append(x)
+        return tuple(results)
 
     def compute_cache(self, value, key=None):
         """Projects `key`/`value` once into a `(keys, values)` cache for cross-attention."""
         if key is None or key is value:
-            return tuple(self._project(value, self.key_dense, self.value_dense))
-        return self._project(key, self.key_dense)[0], self._project(value, self.value_dense)[0]
+            k, v = self._project(value, self.key_dense, self.value_dense)
+        else:
+            (k,), (v,) = self._project(key, self.key_dense), self._project(value, self.value_dense)
+        _, k = self.transform_query_key(None, k, 0)
+        return _head_major(k), _head_major(v)
 
     def _check_cache(self, cache, query, cache_index):
         expected = [
@@ -232,18 +313,23 @@ class MultiHeadAttention(keras.layers.Layer):
 
         if cache is not None:
             self._check_cache(cache, query, cache_index)
+        start_index = 0 if cache_index is None else cache_index
         if cache is not None and cache_index is None:  # precomputed keys/values
             (q,) = self._project(query, self.query_dense)
-            k, v = cache
-        elif key is value and value is query:  # self-attention: one matmul
-            q, k, v = self._project(query, self.query_dense, self.key_dense, self.value_dense)
-        elif key is value:
-            (q,) = self._project(query, self.query_dense)
-            k, v = self._project(value, self.key_dense, self.value_dense)
+            q, _ = self.transform_query_key(q, None, start_index)
+            q, (k, v) = _head_major(q), cache
         else:
-            (q,) = self._project(query, self.query_dense)
-            (k,) = self._project(key, self.key_dense)
-            (v,) = self._project(value, self.value_dense)
+            if key is value and value is query:  # self-attention: one matmul
+                q, k, v = self._project(query, self.query_dense, self.key_dense, self.value_dense)
+            elif key is value:
+                (q,) = self._project(query, self.query_dense)
+                k, v = self._project(value, self.key_dense, self.value_dense)
+            else:
+                (q,) = self._project(query, self.query_dense)
+                (k,) = self._project(key, self.key_dense)
+                (v,) = self._project(value, self.value_dense)
+            q, k = self.transform_query_key(q, k, start_index)
+            q, k, v = _head_major(q), _head_major(k), _head_major(v)
         # q: (B, h, T_q, d_k); k/v: (B, h_kv, T_k, d)
         if cache is None:
             key_padding = value_mask if key_mask is None else key_mask
@@ -261,7 +347,11 @@ class MultiHeadAttention(keras.layers.Layer):
             query_mask=query_mask,
             key_mask=key_padding,
             attention_mask=attention_mask,
-            causal=(causal_mask(ops.shape(q)[2], ops.shape(k)[2], key_offset) if use_causal_mask else None),
+            causal=(
+                causal_mask(ops.shape(q)[2], ops.shape(k)[2], key_offset, self.sliding_window)
+                if use_causal_mask
+                else None
+            ),
         )
         output, scores = self._attend(q, k, v, mask, training, return_attention_scores)
         output = self.output_dense(output)  # (B, T_q, d)
@@ -296,6 +386,8 @@ class MultiHeadAttention(keras.layers.Layer):
             k,
             v,
             mask=mask,
+            scale=self.scale,
+            soft_cap=self.soft_cap,
             dropout_rate=self.dropout,
             training=training,
             # Without the weights, a training step neither keeps them beside
@@ -355,5 +447,34 @@ class MultiHeadAttention(keras.layers.Layer):
             kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
             bias_initializer=keras.initializers.serialize(self.bias_initializer),
             seed=self.seed,
+            use_output_bias=self.use_output_bias,
+            rotary_embedding=None if self.rotary_embedding is None else keras.layers.serialize(self.rotary_embedding),
+            query_key_norm=self._query_key_norm,
+            scale=self.scale,
+            soft_cap=self.soft_cap,
+            sliding_window=self.sliding_window,
         )
         return config
+
+    @classmethod
+    def from_config(cls, config):
+        return super().from_config(deserialize_patterns(config, ("rotary_embedding", "query_key_norm")))
+
+
+def _head_major(x):
+    """`(B, T, heads, head_dim)` -> `(B, heads, T, head_dim)`."""
+    return ops.transpose(x, (0, 2, 1, 3))
+
+
+def _positive_or_none(name, value):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"`{name}` must be None or a number > 0; received {name}={value!r}.")
+    return float(value)
+
+
+def _layer_argument(name, value, cls):
+    if value is not None and not isinstance(value, cls):
+        raise ValueError(f"`{name}` must be None or a {cls.__name__} instance; received {type(value).__name__}.")
+    return value

@@ -33,7 +33,7 @@ class PositionEmbedding(keras.layers.Layer):
 
     Example:
     >>> x = keras.random.normal((2, 10, 16))
-    >>> PositionEmbedding(sequence_length=32)(x).shape
+    >>> tuple(PositionEmbedding(sequence_length=32)(x).shape)
     (2, 10, 16)
     """
 

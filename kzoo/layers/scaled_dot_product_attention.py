@@ -5,6 +5,9 @@ from keras import ops
 from kzoo import ops as kzoo_ops
 from kzoo.validation import check_rate
 
+# Up to this many queries (a decoding step's, grouped-query heads included), scores are K q^T.
+FEW_QUERIES = 16
+
 
 def scaled_dot_product_attention(
     query,
@@ -16,6 +19,7 @@ def scaled_dot_product_attention(
     training=None,
     return_scores=False,
     seed=None,
+    soft_cap=None,
 ):
     """Scaled dot-product attention: softmax(Q K^T * scale) V.
 
@@ -41,6 +45,9 @@ def scaled_dot_product_attention(
         training: bool, whether dropout is active.
         return_scores: bool; if True also return the attention weights.
         seed: a `keras.random.SeedGenerator` or int for the dropout.
+        soft_cap: None or a float c > 0: the scaled scores s become
+            `c * tanh(s / c)` before the softmax (Gemma 2's attention-logit
+            soft-capping), in the scores' dtype as the reference computes it.
 
     Returns:
         The output `(..., T_q, d_v)`, and with `return_scores=True` a tuple
@@ -49,22 +56,28 @@ def scaled_dot_product_attention(
     Example:
     >>> q = keras.random.normal((4, 8))  # 4 queries, d_k = 8
     >>> k = v = keras.random.normal((6, 8))
-    >>> scaled_dot_product_attention(q, k, v).shape
+    >>> tuple(scaled_dot_product_attention(q, k, v).shape)
     (4, 8)
 
     References:
         Vaswani et al., "Attention Is All You Need", 2017, eq. (1).
     """
     check_rate("dropout_rate", dropout_rate)
+    if soft_cap is not None and not soft_cap > 0:
+        raise ValueError(f"`soft_cap` must be None or a number > 0; received soft_cap={soft_cap!r}.")
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
-    if query.shape[-2] == 1:
-        # One query (a decoding step): K q^T reads the keys in their stored
-        # (T_k, d_k) layout; q K^T would have XLA copy them transposed on
-        # every step.
+    if query.shape[-2] is not None and query.shape[-2] <= FEW_QUERIES:
+        # A decoding step (one query per head, or the few heads of a
+        # key/value group stacked): K q^T reads the keys in their stored
+        # (T_k, d_k) layout; q K^T would have XLA copy the whole cache
+        # transposed on every step.
         scores = ops.swapaxes(ops.matmul(key, ops.swapaxes(query, -1, -2)), -1, -2)
     else:
         scores = ops.matmul(query, ops.swapaxes(key, -1, -2))  # (..., T_q, T_k)
+    if soft_cap is not None:
+        scores = ops.tanh(scores * (scale / soft_cap)) * soft_cap
+        scale = 1.0
     weights = kzoo_ops.softmax_dropout(
         scores, mask, scale=scale, rate=dropout_rate, seed=seed, training=training, return_undropped=return_scores
     )

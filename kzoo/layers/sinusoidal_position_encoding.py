@@ -24,7 +24,7 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
 
     Example:
     >>> x = keras.random.normal((2, 10, 16))
-    >>> (x + SinusoidalPositionEncoding()(x)).shape
+    >>> tuple((x + SinusoidalPositionEncoding()(x)).shape)
     (2, 10, 16)
 
     References:

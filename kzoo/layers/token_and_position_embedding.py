@@ -42,7 +42,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
 
     Example:
     >>> embed = TokenAndPositionEmbedding(100, 16, 8, mask_zero=True)
-    >>> embed(keras.ops.array([[5, 7, 0]])).shape
+    >>> tuple(embed(keras.ops.array([[5, 7, 0]])).shape)
     (1, 3, 8)
     """
 

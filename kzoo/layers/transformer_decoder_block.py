@@ -39,30 +39,49 @@ class TransformerDecoderBlock(TransformerBlockBase):
         num_key_value_heads: int dividing `num_heads`; defaults to `num_heads`.
         kernel_initializer: initializer of all kernels.
         bias_initializer: initializer of all biases.
+        self_attention: None, or the block's own `MultiHeadAttention` (with
+            its heads, head size, biases, rotary positions, QK-norm, sliding
+            window...); `num_heads` may then be None.
+        feed_forward: None, or the block's own feed-forward layer (e.g.
+            `GatedFeedForward`); `intermediate_dim` may then be None.
+        normalization: None (LayerNorm with `layer_norm_epsilon`), or a
+            normalization layer (e.g. `RMSNormalization`) copied for each of
+            the block's norms.
+        sandwich_norm: bool, with `norm_first`: also normalize each
+            sublayer's output before the residual sum (Gemma 2 and 3's four
+            norms per block).
         **kwargs: base layer arguments.
 
     Example:
     >>> block = TransformerDecoderBlock(num_heads=4, intermediate_dim=64)
     >>> y = block(keras.random.normal((2, 7, 32)), keras.random.normal((2, 9, 32)))
-    >>> y.shape
+    >>> tuple(y.shape)
+    (2, 7, 32)
+    >>> llama_block = TransformerDecoderBlock(
+    ...     cross_attention=False, norm_first=True,
+    ...     self_attention=kzoo.layers.MultiHeadAttention(
+    ...         4, 8, num_key_value_heads=2, use_bias=False, rotary_embedding=kzoo.layers.RotaryEmbedding()),
+    ...     feed_forward=kzoo.layers.GatedFeedForward(64, activation="silu"),
+    ...     normalization=kzoo.layers.RMSNormalization(epsilon=1e-5))
+    >>> tuple(llama_block(keras.random.normal((2, 7, 32))).shape)
     (2, 7, 32)
 
     References:
         Vaswani et al., "Attention Is All You Need", 2017, sec. 3.1.
     """
 
-    def __init__(self, num_heads, intermediate_dim, cross_attention=True, **kwargs):
+    def __init__(self, num_heads=None, intermediate_dim=None, cross_attention=True, **kwargs):
         super().__init__(num_heads, intermediate_dim, **kwargs)
         self.cross_attention = bool(cross_attention)
 
     def build(self, x_shape, encoder_sequence_shape=None):
         self.self_attention = self._attention("self_attention", x_shape)
-        self.self_attention_norm = self._norm("self_attention", x_shape)
+        self.self_attention_norm, self.self_attention_output_norm = self._norms("self_attention", x_shape)
         if self.cross_attention:
             self.cross_attention_layer = self._attention("cross_attention", x_shape, encoder_sequence_shape or x_shape)
-            self.cross_attention_norm = self._norm("cross_attention", x_shape)
+            self.cross_attention_norm, self.cross_attention_output_norm = self._norms("cross_attention", x_shape)
         self.feed_forward = self._feed_forward(x_shape)
-        self.feed_forward_norm = self._norm("feed_forward", x_shape)
+        self.feed_forward_norm, self.feed_forward_output_norm = self._norms("feed_forward", x_shape)
         self.built = True
 
     def empty_cache(self, batch_size, max_length, dtype=None):
@@ -107,7 +126,9 @@ class TransformerDecoderBlock(TransformerBlockBase):
             )
             return result if decoding else (result, None)
 
-        x, self_attention_cache = self._residual(x, self_attend, self.self_attention_norm, training)
+        x, self_attention_cache = self._residual(
+            x, self_attend, (self.self_attention_norm, self.self_attention_output_norm), training
+        )
 
         if self.cross_attention:
             if encoder_padding_mask is None and encoder_sequence is not None:
@@ -128,12 +149,14 @@ class TransformerDecoderBlock(TransformerBlockBase):
                 )
                 return result if cached else (result, None)
 
-            x, cross_attention_cache = self._residual(x, cross_attend, self.cross_attention_norm, training)
+            x, cross_attention_cache = self._residual(
+                x, cross_attend, (self.cross_attention_norm, self.cross_attention_output_norm), training
+            )
 
         x, _ = self._residual(
             x,
             lambda h: (self.feed_forward(h, training=training), None),
-            self.feed_forward_norm,
+            (self.feed_forward_norm, self.feed_forward_output_norm),
             training,
         )
         if not decoding:

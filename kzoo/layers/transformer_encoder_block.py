@@ -31,11 +31,19 @@ class TransformerEncoderBlock(TransformerBlockBase):
             attention; defaults to `num_heads`.
         kernel_initializer: initializer of all kernels.
         bias_initializer: initializer of all biases.
+        self_attention: None, or the block's own `MultiHeadAttention`;
+            `num_heads` may then be None.
+        feed_forward: None, or the block's own feed-forward layer;
+            `intermediate_dim` may then be None.
+        normalization: None (LayerNorm with `layer_norm_epsilon`), or a
+            normalization layer copied for each of the block's norms.
+        sandwich_norm: bool, with `norm_first`: also normalize each
+            sublayer's output before the residual sum.
         **kwargs: base layer arguments.
 
     Example:
     >>> block = TransformerEncoderBlock(num_heads=4, intermediate_dim=64)
-    >>> block(keras.random.normal((2, 10, 32))).shape
+    >>> tuple(block(keras.random.normal((2, 10, 32))).shape)
     (2, 10, 32)
 
     References:
@@ -46,9 +54,9 @@ class TransformerEncoderBlock(TransformerBlockBase):
 
     def build(self, x_shape):
         self.self_attention = self._attention("self_attention", x_shape)
-        self.self_attention_norm = self._norm("self_attention", x_shape)
+        self.self_attention_norm, self.self_attention_output_norm = self._norms("self_attention", x_shape)
         self.feed_forward = self._feed_forward(x_shape)
-        self.feed_forward_norm = self._norm("feed_forward", x_shape)
+        self.feed_forward_norm, self.feed_forward_output_norm = self._norms("feed_forward", x_shape)
         self.built = True
 
     def call(self, x, padding_mask=None, attention_mask=None, training=None):
@@ -64,11 +72,11 @@ class TransformerEncoderBlock(TransformerBlockBase):
                 training=training,
             ), None
 
-        x, _ = self._residual(x, attend, self.self_attention_norm, training)
+        x, _ = self._residual(x, attend, (self.self_attention_norm, self.self_attention_output_norm), training)
         x, _ = self._residual(
             x,
             lambda h: (self.feed_forward(h, training=training), None),
-            self.feed_forward_norm,
+            (self.feed_forward_norm, self.feed_forward_output_norm),
             training,
         )
         return x

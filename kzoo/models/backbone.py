@@ -30,7 +30,8 @@ class Backbone(keras.Model):
 
     Example:
     >>> backbone = kzoo.models.GPTBackbone.from_preset("gpt_tiny")
-    >>> backbone.summary()
+    >>> backbone.count_params()
+    462336
     """
 
     keras_hub_class_name = None
@@ -52,15 +53,17 @@ class Backbone(keras.Model):
 
     def export_to_transformers(self, path):
         """Writes the backbone as a Hugging Face folder (`config.json` and
-        `model.safetensors`, e.g. as `BertModel` or `GPT2Model`) that
+        `model.safetensors`, e.g. as `BertModel`, `GPT2Model` or `LlamaModel`) that
         `transformers.AutoModel.from_pretrained(path)` loads.
 
         Args:
             path: a new (or empty) folder.
 
         Example:
-        >>> backbone = kzoo.models.BertBackbone.from_preset("path/to/bert-folder")
-        >>> backbone.export_to_transformers("out/")  # transformers.AutoModel.from_pretrained("out/")
+        >>> kzoo.models.DecoderBackbone.from_preset("llama_tiny").export_to_transformers("llama_tiny_hf")
+        >>> import json
+        >>> json.load(open("llama_tiny_hf/config.json"))["architectures"]  # AutoModel.from_pretrained("llama_tiny_hf")
+        ['LlamaModel']
         """
         hf_checkpoint.export_to_transformers(self, path)
 
@@ -86,7 +89,8 @@ class Backbone(keras.Model):
 
         Example:
         >>> lm = kzoo.models.GPTCausalLM.from_preset("gpt_tiny")
-        >>> lm.backbone.enable_lora(4)
+        >>> sorted({layer.name for layer in lm.backbone.enable_lora(4)})
+        ['query', 'value']
         >>> lm.compile(learning_rate=1e-3)  # trains the LoRA weights only
 
         References:

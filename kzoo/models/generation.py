@@ -45,9 +45,10 @@ def check_token_ids(values, vocabulary_size, name):
         if row.size == 0:
             continue
         if not np.issubdtype(row.dtype, np.integer):
+            first = row.reshape(-1)[0]  # a NumPy scalar, or any object (None) in an object array
             raise ValueError(
                 f"`{name}` must hold integer token ids; received {row.dtype.name} values such as "
-                f"{row.reshape(-1)[0].item()!r}."
+                f"{first.item() if isinstance(first, np.generic) else first!r}."
             )
         outside = row[(row < 0) | (row >= vocabulary_size)]
         if outside.size:
@@ -107,11 +108,21 @@ def pack_prompts(prompts, max_length=None, max_new_tokens=None, limit=None, pad_
     if min(lengths) == 0:
         raise ValueError(f"Every prompt needs at least one token; prompt {lengths.index(0)} of `{name}` is empty.")
     longest = max(lengths)
+    if limit is not None and longest >= limit:
+        raise ValueError(
+            f"Prompt {lengths.index(longest)} of `{name}` has {longest} tokens, which leaves no room to generate "
+            f"within the model's maximum sequence length ({limit}): a prompt must have fewer than {limit} tokens."
+        )
     if max_new_tokens is not None:
         if max_length is not None:
             raise ValueError("Pass `max_length` or `max_new_tokens`, not both.")
         if max_new_tokens < 1:
             raise ValueError(f"`max_new_tokens` must be >= 1; received max_new_tokens={max_new_tokens}.")
+        if limit is not None and longest + max_new_tokens > limit:
+            raise ValueError(
+                f"`max_new_tokens` must be <= {limit - longest}: the longest prompt has {longest} tokens and the "
+                f"model's maximum sequence length is {limit}; received max_new_tokens={max_new_tokens}."
+            )
         max_length = longest + max_new_tokens
     max_length = max_length or limit
     if limit is not None and max_length > limit:

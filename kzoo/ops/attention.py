@@ -33,7 +33,8 @@ def softmax_dropout(scores, mask=None, *, scale=1.0, rate=0.0, seed=None, traini
         The dropped weights, like `scores`; or `(weights, dropped)`.
 
     Example:
-    >>> softmax_dropout(keras.ops.zeros((1, 2)), keras.ops.array([[True, False]]))  # [[1, 0]]
+    >>> keras.ops.convert_to_numpy(softmax_dropout(keras.ops.zeros((1, 2)), keras.ops.array([[True, False]]))).tolist()
+    [[1.0, 0.0]]
     """
     if mask is not None:
         mask = ops.cast(mask, "bool")

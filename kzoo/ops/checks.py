@@ -32,6 +32,8 @@ def check_token_ids(token_ids, vocabulary_size, name="token_ids"):
 
     Example:
     >>> ids, valid = check_token_ids(keras.ops.array([1, 2]), 5)
+    >>> keras.ops.convert_to_numpy(ids).tolist()
+    [1, 2]
     """
     message = f"`{name}` must be in [0, {vocabulary_size}) (vocabulary_size={vocabulary_size})."
     valid = ops.logical_and(ops.greater_equal(token_ids, 0), ops.less(token_ids, vocabulary_size))

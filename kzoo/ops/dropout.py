@@ -29,7 +29,7 @@ def dropout_noise(shape, rate, seed):
         seed: a `keras.random.SeedGenerator`, an int or None.
 
     Example:
-    >>> dropout_noise((2, 5), 0.1, seed=1).shape  # two 16-bit numbers per int32
+    >>> tuple(dropout_noise((2, 5), 0.1, seed=1).shape)  # two 16-bit numbers per int32
     (2, 3)
     """
     if rate == 0:
@@ -66,7 +66,8 @@ def dropout(x, noise, rate):
 
     Example:
     >>> bits = keras.ops.array([[0x0001FFFF]], "int32")  # 16-bit numbers 65535 and 1
-    >>> dropout(keras.ops.ones((1, 2)), bits, 0.5)  # [[2, 0]]
+    >>> keras.ops.convert_to_numpy(dropout(keras.ops.ones((1, 2)), bits, 0.5)).tolist()
+    [[2.0, 0.0]]
     """
     if noise is None:
         return x

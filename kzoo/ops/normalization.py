@@ -31,7 +31,9 @@ def layer_norm(x, gamma, beta, *, epsilon=1e-3, training=False):
         A tensor like `x`, in `x`'s dtype.
 
     Example:
-    >>> layer_norm(keras.ops.array([[1.0, 3.0]]), keras.ops.ones(2), keras.ops.zeros(2))  # [[-1, 1]]
+    >>> x = keras.ops.array([[1.0, 3.0]])  # mean 2, variance 1
+    >>> keras.ops.convert_to_numpy(layer_norm(x, keras.ops.ones(2), keras.ops.zeros(2))).round(4)  # epsilon 1e-3
+    array([[-0.9995,  0.9995]], dtype=float32)
     """
     return run_op(
         _layer_norm_reference,
@@ -62,7 +64,7 @@ def residual_dropout_layer_norm(x, y, gamma, beta, *, epsilon=1e-3, rate=0.0, se
 
     Example:
     >>> x = keras.random.normal((2, 4))
-    >>> residual_dropout_layer_norm(x, x, keras.ops.ones(4), keras.ops.zeros(4)).shape
+    >>> tuple(residual_dropout_layer_norm(x, x, keras.ops.ones(4), keras.ops.zeros(4)).shape)
     (2, 4)
     """
     noise = training_noise(ops.shape(y), rate, seed, training)
@@ -87,7 +89,8 @@ def residual_dropout(x, y, *, rate=0.0, seed=None, training=False):
         training: bool, whether dropout is active (and the op may run fused).
 
     Example:
-    >>> residual_dropout(keras.ops.ones(3), keras.ops.ones(3))  # [2, 2, 2]
+    >>> keras.ops.convert_to_numpy(residual_dropout(keras.ops.ones(3), keras.ops.ones(3))).tolist()
+    [2.0, 2.0, 2.0]
     """
     noise = training_noise(ops.shape(y), rate, seed, training)
     if noise is None:

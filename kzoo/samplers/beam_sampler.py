@@ -3,6 +3,7 @@ from keras import ops
 
 from kzoo.samplers.sampler import Sampler
 from kzoo.samplers.sampler import _isin
+from kzoo.validation import check_number
 from kzoo.validation import check_positive_int
 
 
@@ -19,17 +20,19 @@ class BeamSampler(Sampler):
 
     Args:
         num_beams: int >= 1, the beam width.
-        length_penalty: float; > 0 favours longer outputs, 0 ranks by raw
-            log-probability.
+        length_penalty: a finite number; > 0 favours longer outputs, 0
+            ranks by raw log-probability, < 0 favours shorter ones.
 
     Example:
-    >>> model.generate(prompt, sampler=BeamSampler(num_beams=4))
+    >>> lm = kzoo.models.GPTCausalLM.from_preset("gpt_tiny")
+    >>> len(lm.generate([[72, 105]], max_new_tokens=5, sampler=BeamSampler(num_beams=4))[0])
+    7
     """
 
     def __init__(self, num_beams=4, length_penalty=1.0):
         super().__init__()
         self.num_beams = check_positive_int("num_beams", num_beams)
-        self.length_penalty = float(length_penalty)
+        self.length_penalty = check_number("length_penalty", length_penalty)
 
     def run(self, step, token_ids, *, prompt_mask, logits, cache, index, stop_token_ids, noise, pad_id=0):
         batch, length = ops.shape(token_ids)[0], ops.shape(token_ids)[1]

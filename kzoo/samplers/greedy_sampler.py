@@ -7,7 +7,9 @@ class GreedySampler(Sampler):
     """Always takes the most likely token (argmax); deterministic.
 
     Example:
-    >>> model.generate(prompt, sampler=GreedySampler())  # or sampler="greedy"
+    >>> lm = kzoo.models.GPTCausalLM.from_preset("gpt_tiny")
+    >>> lm.generate([[72, 105]], max_new_tokens=5, sampler=GreedySampler())[0][:2]  # or sampler="greedy"
+    [72, 105]
     """
 
     def __init__(self):

@@ -1,6 +1,9 @@
 import keras
 from keras import ops
 
+from kzoo.validation import check_number
+from kzoo.validation import check_seed
+
 
 class Sampler:
     """Picks each next token from the model's logits, inside one compiled loop.
@@ -14,17 +17,15 @@ class Sampler:
     (exact categorical sampling).
 
     Args:
-        temperature: float > 0, logits are divided by it.
-        seed: int or None; with an int, `generate` returns the same tokens
-            on every call.
+        temperature: a finite number > 0, logits are divided by it.
+        seed: None, or an int in [-2**63, 2**63); with an int, `generate`
+            returns the same tokens on every call.
     """
 
     def __init__(self, temperature=1.0, seed=None):
-        if not temperature > 0:
-            raise ValueError(f"`temperature` must be > 0; received temperature={temperature!r}.")
-        self.temperature = float(temperature)
-        self.seed = seed
-        self.seed_generator = keras.random.SeedGenerator(seed)
+        self.temperature = check_number("temperature", temperature, low=0)
+        self.seed = check_seed("seed", seed)
+        self.seed_generator = keras.random.SeedGenerator(self.seed)
 
     def noise(self, steps, batch_size):
         """The uniform numbers `(steps, batch_size)` one call consumes."""

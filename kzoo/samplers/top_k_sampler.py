@@ -9,11 +9,15 @@ class TopKSampler(Sampler):
 
     Args:
         k: int >= 1.
-        temperature: float > 0.
-        seed: int or None, for reproducible output.
+        temperature: a finite number > 0.
+        seed: None, or an int (64 bits) for reproducible output.
 
     Example:
-    >>> model.generate(prompt, sampler=TopKSampler(k=10, seed=0))
+    >>> lm = kzoo.models.GPTCausalLM.from_preset("gpt_tiny")
+    >>> sampler = TopKSampler(k=10, seed=0)
+    >>> first = lm.generate([[72, 105]], max_new_tokens=5, sampler=sampler)
+    >>> lm.generate([[72, 105]], max_new_tokens=5, sampler=sampler) == first  # the seed gives the same tokens
+    True
 
     References:
         Fan et al., "Hierarchical Neural Story Generation", 2018.

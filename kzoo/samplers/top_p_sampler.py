@@ -1,18 +1,23 @@
 from keras import ops
 
 from kzoo.samplers.sampler import Sampler
+from kzoo.validation import check_number
 
 
 class TopPSampler(Sampler):
     """Nucleus sampling: the smallest set of tokens whose mass reaches `p`.
 
     Args:
-        p: float in (0, 1]; 1 samples from the full distribution.
-        temperature: float > 0.
-        seed: int or None, for reproducible output.
+        p: a number in (0, 1]; 1 samples from the full distribution.
+        temperature: a finite number > 0.
+        seed: None, or an int (64 bits) for reproducible output.
 
     Example:
-    >>> model.generate(prompt, sampler=TopPSampler(p=0.9, seed=0))
+    >>> lm = kzoo.models.GPTCausalLM.from_preset("gpt_tiny")
+    >>> sampler = TopPSampler(p=0.9, seed=0)
+    >>> first = lm.generate([[72, 105]], max_new_tokens=5, sampler=sampler)
+    >>> lm.generate([[72, 105]], max_new_tokens=5, sampler=sampler) == first  # the seed gives the same tokens
+    True
 
     References:
         Holtzman et al., "The Curious Case of Neural Text Degeneration", 2020.
@@ -20,9 +25,7 @@ class TopPSampler(Sampler):
 
     def __init__(self, p=0.9, temperature=1.0, seed=None):
         super().__init__(temperature, seed)
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p <= 1.0:
-            raise ValueError(f"`p` must be a float in (0, 1]; received p={p!r}.")
-        self.p = float(p)
+        self.p = check_number("p", p, 0, 1, high_open=False)
 
     def filter_probabilities(self, probabilities):
         sorted_probabilities = ops.flip(ops.sort(probabilities, axis=-1), axis=-1)

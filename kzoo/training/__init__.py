@@ -1,15 +1,20 @@
 """Training at scale with `tf.distribute` (TensorFlow only; layers and models stay backend-agnostic).
 
-A recipe, unchanged from one CPU to a GPU box, a cluster or a TPU VM:
+A recipe, unchanged from one CPU to a GPU box, a cluster or a TPU VM (the strategy's name,
+"auto" here, is its `--strategy`; the batch size is the global one):
 
->>> config = kzoo.training.configure(args.strategy, mixed_precision=args.mixed_precision)
+>>> config = kzoo.training.configure("auto")
 >>> with config.strategy.scope():
-...     model = kzoo.models.GPTCausalLM.from_preset("gpt_tiny")
+...     model = kzoo.models.RNNLanguageModel(vocabulary_size=128, embedding_dim=8, hidden_dim=8)
 ...     model.compile(jit_compile=config.jit_compile)
->>> stream = kzoo.training.shard_by_data(
-...     windows.repeat().shuffle(10_000, seed=0, reshuffle_each_iteration=False).batch(global_batch_size))
->>> model.fit(stream, epochs=10, steps_per_epoch=1000,
-...           callbacks=kzoo.training.callbacks(args.output_dir, config.strategy))
+>>> ids = np.random.default_rng(0).integers(1, 128, (64, 9))  # next-token windows
+>>> windows = tf.data.Dataset.from_tensor_slices((ids[:, :-1], ids[:, 1:]))
+>>> stream = kzoo.training.shard_by_data(windows.repeat().shuffle(64, seed=0).batch(8))
+>>> history = model.fit(stream, epochs=2, steps_per_epoch=4, verbose=0,
+...                     callbacks=kzoo.training.callbacks("run", config.strategy))
+>>> import os
+>>> sorted(os.listdir("run")), sorted(os.listdir("run/checkpoints"))
+(['checkpoints', 'history.csv', 'logs'], ['epoch_001.keras', 'epoch_002.keras'])
 
 - `get_strategy(name)`: "auto", "cpu", "gpu"/"mirrored", "multi_worker" (TF_CONFIG or SLURM), "tpu".
 - `configure(...)`: the strategy, the global dtype policy and `jit_compile`, as a `TrainingConfig`.

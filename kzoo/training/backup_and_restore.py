@@ -89,8 +89,14 @@ class BackupAndRestore(keras.callbacks.Callback):
             files to write after `fit` and deletes the backup itself.
 
     Example:
-    >>> backup = kzoo.training.BackupAndRestore("/tmp/run/backup", save_freq=100)
-    >>> model.fit(stream, epochs=10, steps_per_epoch=1000, callbacks=[backup])
+    >>> model = kzoo.models.RNNLanguageModel(vocabulary_size=128, embedding_dim=8, hidden_dim=8)
+    >>> model.compile()
+    >>> ids = np.random.default_rng(0).integers(1, 128, (64, 9))
+    >>> stream = tf.data.Dataset.from_tensor_slices((ids[:, :-1], ids[:, 1:])).repeat().batch(8)
+    >>> backup = BackupAndRestore("backup_run/backup", save_freq=2)
+    >>> history = model.fit(stream, epochs=2, steps_per_epoch=4, callbacks=[backup], verbose=0)
+    >>> len(history.history["loss"]), os.path.exists("backup_run/backup")  # finished: no backup left
+    (2, False)
     """
 
     def __init__(self, backup_dir, save_freq="epoch", strategy=None, double_checkpoint=True, delete_checkpoint=True):

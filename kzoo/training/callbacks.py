@@ -48,8 +48,16 @@ def callbacks(
         A list for `model.fit(callbacks=...)`.
 
     Example:
-    >>> model.fit(stream, epochs=10, steps_per_epoch=1000,
-    ...           callbacks=kzoo.training.callbacks("/tmp/run", config.strategy))
+    >>> model = kzoo.models.RNNLanguageModel(vocabulary_size=128, embedding_dim=8, hidden_dim=8)
+    >>> model.compile()
+    >>> ids = np.random.default_rng(0).integers(1, 128, (64, 9))
+    >>> stream = tf.data.Dataset.from_tensor_slices((ids[:, :-1], ids[:, 1:])).repeat().batch(8)
+    >>> history = model.fit(stream, epochs=2, steps_per_epoch=4, verbose=0,
+    ...                     callbacks=callbacks("callbacks_run", tf.distribute.get_strategy()))
+    >>> open("callbacks_run/history.csv").readline().strip()
+    'epoch,accuracy,loss,perplexity,val_accuracy,val_loss,val_perplexity'
+    >>> sorted(os.listdir("callbacks_run/checkpoints"))
+    ['epoch_001.keras', 'epoch_002.keras']
     """
     if tensorboard and importlib.util.find_spec("tensorboard") is None:
         raise ValueError(

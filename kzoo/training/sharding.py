@@ -15,8 +15,10 @@ def shard_by_data(dataset):
     FILE reads less: set it with `tf.data.Options` instead.
 
     Example:
-    >>> stream = kzoo.training.shard_by_data(dataset.repeat().shuffle(10_000, seed=0,
-    ...     reshuffle_each_iteration=False).batch(global_batch_size))
+    >>> dataset = tf.data.Dataset.range(100)
+    >>> stream = shard_by_data(dataset.repeat().shuffle(100, seed=0, reshuffle_each_iteration=False).batch(8))
+    >>> stream.options().experimental_distribute.auto_shard_policy.name
+    'DATA'
     """
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA

@@ -63,6 +63,8 @@ def configure(strategy="auto", mixed_precision=False, jit_compile="auto"):
     >>> with config.strategy.scope():
     ...     model = kzoo.models.GPTCausalLM.from_preset("gpt_tiny")
     ...     model.compile(jit_compile=config.jit_compile)
+    >>> model.dtype_policy.name == config.dtype_policy  # mixed_bfloat16 on a CPU, mixed_float16 on GPUs
+    True
     """
     if isinstance(strategy, str):
         strategy = get_strategy(strategy)

@@ -16,7 +16,10 @@ from kzoo import data
 from kzoo.data.tokenizer_json import hugging_face_tokenizer
 from kzoo.data.tokenizers import SEP_ID
 from kzoo.data.tokenizers import UNK_ID
+from kzoo.models import hf_tokenizer
 from kzoo.models.hf_tokenizer import BertTokenizer
+from kzoo.models.hf_tokenizer import HFTokenizer
+from tests.models import tokenizer_files
 
 CHARACTER_TOKENIZERS = {
     "kzoo 128": lambda: data.character_tokenizer(128),
@@ -206,6 +209,38 @@ def test_unsupported_tokenizers_are_refused():
     unsplit = keras_hub.tokenizers.WordPieceTokenizer(["[UNK]", "[EOS]", "hola"], split=False)
     with pytest.raises(ValueError, match="split"):
         hugging_face_tokenizer(unsplit)
+
+
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "llama3", "llama"])
+def test_hf_tokenizers_are_their_own_tokenizer_json(kind, tmp_path):
+    """An HFTokenizer (Qwen2's and Llama 3's byte-level BPE, Llama 2's SentencePiece): the written
+    tokenizer.json gives its ids (the start token is the runtime's to add), in Python and in a
+    graph, and its text; the start token is its BOS, the stops its EOS and end-of-turn token."""
+    if kind == "llama":
+        folder = tokenizer_files.write_sentencepiece_folder(tmp_path, kind, CHATML)
+    else:
+        folder = tokenizer_files.write_byte_level_folder(tmp_path, kind, CHATML)
+    tokenizer, _ = hf_tokenizer.read_llama_tokenizer(folder)
+    added = list(tokenizer.added_tokens().values())
+    exported, loaded = check_agreement(tokenizer, tokenizer_files.TEXTS + [f"{added[0]}Hola{added[-1]} mundo"])
+    start, stops = {"qwen2": (None, ["<|im_end|>"]), "llama3": (0, ["<|eot_id|>"]), "llama": (1, ["</s>"])}[kind]
+    assert exported.start_token_id == tokenizer.start_token_id == start
+    assert exported.stop_token_ids == [tokenizer.token_to_id(token) for token in stops]
+    assert exported.chat_template == CHATML
+    # The runtime renders the chat and tokenizes it as kzoo does.
+    chat = tokenizer.apply_chat_template([{"role": "user", "content": "¿Qué tal? 😀"}], add_generation_prompt=True)
+    assert loaded.encode(chat).ids == np.asarray(tokenizer(chat)).tolist()
+
+
+def test_an_hf_tokenizer_without_a_stop_token_is_refused():
+    with pytest.raises(ValueError, match="needs an EOS token"):
+        hugging_face_tokenizer(HFTokenizer(tokenizer_files.byte_level_tokenizer("gpt2", 300)))
 
 
 def _read_xz(path):

@@ -46,5 +46,10 @@ def test_add_and_norm_normalizes_the_sum_and_drops_the_sublayer_output_in_traini
 
 
 def test_add_and_norm_refuses_settings_its_op_does_not_compute():
-    with pytest.raises(ValueError, match="rms_scaling=True"):
-        layers.AddAndNorm(0.1, rms_scaling=True)
+    with pytest.raises(ValueError, match="center=False"):
+        layers.AddAndNorm(0.1, center=False)
+
+
+def test_layer_normalization_refuses_keras_rms_scaling_which_is_not_rms_norm():
+    with pytest.raises(ValueError, match="RMSNormalization"):
+        layers.LayerNormalization(rms_scaling=True)

@@ -21,6 +21,39 @@ LAYERS = [
     layers.TransformerDecoderBlock(4, 32, cross_attention=False, layer_norm_epsilon=1e-6),
     layers.LayerNormalization(epsilon=1e-6),
     layers.AddAndNorm(0.1, epsilon=1e-6, seed=2),
+    layers.RMSNormalization(epsilon=1e-5, unit_offset=True),
+    layers.GatedFeedForward(32, activation="gelu_approximate", use_bias=True, dropout=0.1),
+    # The Llama lineage's settings: rotary positions with scaling, QK-norm, a window, four norms.
+    layers.MultiHeadAttention(
+        4,
+        8,
+        num_key_value_heads=1,
+        use_bias=True,
+        use_output_bias=False,
+        rotary_embedding=layers.RotaryEmbedding(
+            500000.0,
+            rotary_dim=4,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+        ),
+        query_key_norm=layers.RMSNormalization(epsilon=1e-6),
+        scale=0.25,
+        soft_cap=50.0,
+        sliding_window=3,
+    ),
+    layers.TransformerDecoderBlock(
+        cross_attention=False,
+        norm_first=True,
+        sandwich_norm=True,
+        self_attention=layers.MultiHeadAttention(4, 8, use_bias=False, rotary_embedding=layers.RotaryEmbedding()),
+        feed_forward=layers.GatedFeedForward(32),
+        normalization=layers.RMSNormalization(unit_offset=True),
+    ),
 ]
 
 
@@ -48,6 +81,21 @@ def build_model():
     heads = keras.layers.Reshape((-1, 4, 8))(x)
     x = keras.layers.Reshape((-1, 32))(layers.RotaryEmbedding()(heads)) + layers.PositionEmbedding(16)(x)
     x = layers.FeedForward(64, activation="gelu_approximate")(x)
+    x = layers.TransformerDecoderBlock(
+        cross_attention=False,
+        norm_first=True,
+        sandwich_norm=True,
+        self_attention=layers.MultiHeadAttention(
+            4,
+            8,
+            num_key_value_heads=2,
+            rotary_embedding=layers.RotaryEmbedding(),
+            query_key_norm=layers.RMSNormalization(),
+            sliding_window=2,
+        ),
+        feed_forward=layers.GatedFeedForward(48),
+        normalization=layers.RMSNormalization(unit_offset=True),
+    )(x)
     return keras.Model([token_ids, source_ids], keras.layers.Dense(50)(x))
 
 
@@ -73,6 +121,24 @@ def test_model_with_every_layer_reloads_in_a_fresh_process(tmp_path):
     np.testing.assert_array_equal(np.load(out_path), want)
 
 
+def test_a_block_builds_its_own_copies_of_the_layers_it_is_given():
+    attention = layers.MultiHeadAttention(4, 8, use_bias=False)
+    blocks = [
+        layers.TransformerDecoderBlock(
+            cross_attention=False, norm_first=True, self_attention=attention, feed_forward=layers.GatedFeedForward(16)
+        )
+        for _ in range(2)
+    ]
+    x = keras.random.normal((1, 3, 32))
+    for block in blocks:
+        block(x)
+    assert not attention.built
+    first, second = (block.self_attention.query_dense.kernel for block in blocks)
+    assert first is not second and not np.allclose(first.numpy(), second.numpy())
+
+
 def test_every_public_layer_is_covered():
     public = {name for name in dir(kzoo.layers) if name[0].isupper()}
     assert public == {type(layer).__name__ for layer in LAYERS}
+    names = {type(layer).__name__ for layer in LAYERS}
+    assert names <= {type(layer).__name__ for layer in build_model()._flatten_layers()} | {"AddAndNorm"}

@@ -111,3 +111,93 @@ def random_batch(vocabulary_size, batch=3, length=12, seed=0, segments=True):
     if segments:
         segment_ids[0, length // 2 :] = 1
     return ids, mask, segment_ids
+
+
+# Tiny random decoders of each Llama-lineage `model_type`, small enough that every setting that
+# distinguishes a family acts within a dozen tokens (windows of 4, llama3 scaling from 8 positions).
+DECODER_BASE = dict(
+    vocab_size=300,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+)
+_LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 500000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8,
+}
+_GEMMA3_ROPE = {
+    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+    "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 8.0},
+}
+# name -> (transformers config class, causal LM class, config fields)
+DECODERS = {
+    "llama": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(rope_parameters=_LLAMA3_ROPE, attention_bias=True, mlp_bias=True),
+    ),
+    "llama_tied": ("LlamaConfig", "LlamaForCausalLM", dict(tie_word_embeddings=True)),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=4)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(use_sliding_window=True, sliding_window=4, max_window_layers=1)),
+    "qwen3": (
+        "Qwen3Config",
+        "Qwen3ForCausalLM",
+        dict(head_dim=16, rope_parameters={"rope_type": "linear", "rope_theta": 1000.0, "factor": 2.0}),
+    ),
+    "phi3": (
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        dict(
+            sliding_window=4,
+            pad_token_id=0,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+        ),
+    ),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(head_dim=16)),
+    "gemma2": (
+        "Gemma2Config",
+        "Gemma2ForCausalLM",
+        dict(
+            head_dim=16,
+            sliding_window=4,
+            query_pre_attn_scalar=12,
+            attn_logit_softcapping=5.0,
+            final_logit_softcapping=3.0,
+        ),
+    ),
+    "gemma3_text": (
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        dict(
+            head_dim=16,
+            sliding_window=4,
+            query_pre_attn_scalar=12,
+            layer_types=["sliding_attention", "full_attention"],
+            rope_parameters=_GEMMA3_ROPE,
+        ),
+    ),
+}
+
+
+def write_decoder(folder, name, seed=0, scale=0.2, **config):
+    """A random `transformers` causal LM of `DECODERS[name]` saved in `folder`; every weight is
+    drawn from N(0, scale^2), norms included, so that each one moves the logits."""
+    import torch
+    import transformers
+
+    config_class, model_class, fields = DECODERS[name]
+    torch.manual_seed(seed)
+    settings = getattr(transformers, config_class)(**{**DECODER_BASE, **fields, **config})
+    model = getattr(transformers, model_class)(settings).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.copy_(torch.randn_like(parameter) * scale)
+    model.save_pretrained(folder)
+    return model

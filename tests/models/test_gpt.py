@@ -1,63 +1,18 @@
-"""GPT: causality, padding, the cached decoding path and argument checks."""
+"""GPT-2's own settings: the tied output table and argument checks. Causality, padding, the cache,
+ragged prompts, files, LoRA and int8 are the causal-LM contract (test_causal_lm.py), which GPT-2
+runs with every decoder family."""
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from kzoo import models
-from tests.models.tiny_models import LENGTH
 from tests.models.tiny_models import TINY_CONFIG
 from tests.models.tiny_models import gpt_backbone
-from tests.models.tiny_models import padding_mask
 from tests.models.tiny_models import token_ids
 
 
 def _lm_inputs(ids, mask=None):
     return {"token_ids": ids, "padding_mask": np.ones_like(ids) if mask is None else mask}
-
-
-def test_output_at_t_is_independent_of_later_tokens():
-    lm = models.GPTCausalLM(gpt_backbone())
-    rng = np.random.default_rng(0)
-    ids = token_ids(rng)
-    logits = np.asarray(lm(_lm_inputs(ids)))
-    for t in (0, 4, LENGTH - 2):
-        changed = ids.copy()
-        changed[:, t + 1 :] = token_ids(rng)[:, t + 1 :]
-        changed_logits = np.asarray(lm(_lm_inputs(changed)))
-        np.testing.assert_allclose(changed_logits[:, : t + 1], logits[:, : t + 1], atol=1e-6)
-        assert not np.allclose(changed_logits[:, t + 1 :], logits[:, t + 1 :], atol=1e-3)
-
-
-def test_outputs_at_real_tokens_are_independent_of_padding():
-    backbone = gpt_backbone()
-    rng = np.random.default_rng(1)
-    ids = token_ids(rng, batch=2, length=6)
-    short = np.asarray(backbone(_lm_inputs(ids)))
-    # Longer, with arbitrary ids under the padding.
-    padded = np.concatenate([ids, token_ids(rng, batch=2, length=6)], axis=1)
-    long = np.asarray(backbone(_lm_inputs(padded, padding_mask([6, 6], length=12))))
-    np.testing.assert_allclose(long[:, :6], short, atol=1e-5)
-
-
-def test_cached_steps_match_the_full_pass():
-    lm = models.GPTCausalLM(gpt_backbone())
-    ids = token_ids(np.random.default_rng(2), batch=3, length=12)
-    full = np.asarray(lm(_lm_inputs(ids)))
-
-    logits, state = lm.prefill(ids[:, :5], cache_length=12)
-    # Per block keys and values: (B, heads, cache_length, head_dim).
-    assert {name: tuple(c.shape) for name, c in state.items()} == {
-        f"{kind}_cache_{i}": (3, 2, 12, 8) for kind in ("key", "value") for i in range(2)
-    }
-    steps = [logits]
-    # The decoding step as `generate` will run it: a graph with a tensor index.
-    step = tf.function(lm.decode)
-    for t in range(5, 12):
-        logits, state = step(ids[:, t : t + 1], state, tf.constant(t))
-        steps.append(logits)
-    assert logits.dtype == "float32" and tuple(logits.shape) == (3, 1, lm.backbone.vocabulary_size)
-    np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-5)
 
 
 @pytest.mark.parametrize("rows", [(1, 1), None])  # one row (E h) and a full batch (h E^T)

@@ -117,12 +117,21 @@ def test_the_decode_loop_is_traced_once_per_shape(lm):
     [
         (dict(prompts=[[]]), r"prompt 0 of `prompts` is empty"),
         (dict(prompts=[]), r"`prompts` is empty"),
-        (dict(prompts=[list(range(1, 17))]), r"`max_length` \(16\) must be > 16"),
+        (
+            dict(prompts=[[1], list(range(1, 17))]),
+            r"Prompt 1 of `prompts` has 16 tokens, which leaves no room to generate within the model's maximum "
+            r"sequence length \(16\): a prompt must have fewer than 16 tokens.",
+        ),
+        (dict(prompts=[[1, 2]], max_length=2), r"`max_length` \(2\) must be > 2"),
         (
             dict(prompts=[[1]], max_length=17),
             r"`max_length` \(17\) must be <= the model's maximum sequence length \(16\)",
         ),
-        (dict(prompts=[[1]], max_new_tokens=16), r"`max_length` \(17\) must be <= "),
+        (
+            dict(prompts=[[1, 2], [3]], max_new_tokens=15),
+            r"`max_new_tokens` must be <= 14: the longest prompt has 2 tokens and the model's maximum sequence length "
+            r"is 16; received max_new_tokens=15.",
+        ),
         (dict(prompts=[[1]], sampler="nucleus"), r"`sampler` must be one of"),
         (dict(prompts=[[1]], sampler="top_p", max_length=4, max_new_tokens=2), r"not both"),
     ],

@@ -386,7 +386,7 @@ def test_an_unsupported_model_type_lists_the_supported_ones(tmp_path, bert_folde
     folder = copy_folder(bert_folders["BertModel"][0], tmp_path / "t5")
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "model_type": "t5"}))
-    with pytest.raises(CheckpointError, match=r"config.json has model_type 't5'.*supported: \['bert', 'gpt2'\]"):
+    with pytest.raises(CheckpointError, match=r"config.json has model_type 't5'.*supported: \['bert', 'gemma'.*'gpt2'"):
         kzoo.models.BertBackbone.from_preset(str(folder))
 
 
@@ -432,7 +432,9 @@ def test_more_layers_in_the_config_than_in_the_weights(tmp_path, bert_folders):
     folder = copy_folder(bert_folders["BertModel"][0], tmp_path / "layers")
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 3}))
-    with pytest.raises(CheckpointError, match=r"tensor 'encoder.layer.2.attention.self.query.weight' is missing"):
+    with pytest.raises(
+        CheckpointError, match=r"'num_hidden_layers' is 3, but the weights \(model.safetensors\) hold 2"
+    ):
         kzoo.models.BertBackbone.from_preset(str(folder))
 
 
@@ -498,3 +500,96 @@ def test_minilm_matches_transformers(minilm):
         expected = reference(**torch_inputs(ids, mask, segment_ids))
     assert max_difference(outputs["sequence_output"], expected.last_hidden_state, mask) <= TOLERANCE
     assert max_difference(outputs["pooled_output"], expected.pooler_output) <= TOLERANCE
+
+
+# === Values and files from outside: refused by name (reliability issue) ===
+
+
+def edited_config(folder, target, **fields):
+    folder = copy_folder(folder, target)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **fields}))
+    return folder
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"layer_norm_epsilon": -1}, r"config.json field 'layer_norm_epsilon' is -1; it must be a number > 0"),
+        ({"n_layer": 2.5}, r"config.json field 'n_layer' is 2.5; it must be an integer >= 1"),
+        ({"n_layer": -2}, r"config.json field 'n_layer' is -2; it must be an integer >= 1"),
+        ({"n_embd": 10**9}, r"'n_head' \(4\) must divide 'n_embd'|describes a model of"),
+        ({"n_embd": 4 * 10**8}, r"describes a model of [\d,]+ parameters, but its weights \(model.safetensors\) hold"),
+    ],
+)
+def test_config_values_are_checked_naming_the_field(tmp_path, gpt2_folders, fields, message):
+    folder = edited_config(gpt2_folders["GPT2LMHeadModel"][0], tmp_path / "bad", **fields)
+    with pytest.raises(CheckpointError, match=message):
+        load_quietly(kzoo.models.GPTCausalLM, folder)
+
+
+def test_a_config_that_is_not_json_is_named(tmp_path, gpt2_folders):
+    folder = copy_folder(gpt2_folders["GPT2Model"][0], tmp_path / "json")
+    (folder / "config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match=r"config.json is not valid JSON"):
+        kzoo.models.GPTBackbone.from_preset(str(folder))
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda a: a * np.nan, r"tensor 'h.0.ln_1.weight' holds 32 NaN or infinite values"),
+        (lambda a: np.full_like(a, np.inf), r"tensor 'h.0.ln_1.weight' holds 32 NaN or infinite values"),
+        (lambda a: a.astype("int64"), r"tensor 'h.0.ln_1.weight' has dtype I64; weights must be floating point"),
+    ],
+)
+def test_bad_tensor_values_are_refused_by_name(tmp_path, gpt2_folders, change, message):
+    folder = copy_folder(gpt2_folders["GPT2Model"][0], tmp_path / "values")
+    rewrite_tensors(folder, lambda t: {**t, "h.0.ln_1.weight": change(t["h.0.ln_1.weight"])})
+    with pytest.raises(CheckpointError, match=message):
+        kzoo.models.GPTBackbone.from_preset(str(folder))
+
+
+def test_a_shard_outside_the_folder_is_refused(tmp_path, bert_folders):
+    _, reference = bert_folders["BertModel"]
+    reference.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
+    hf_folders.write_vocabulary(tmp_path / "sharded")
+    index = tmp_path / "sharded" / "model.safetensors.index.json"
+    data = json.loads(index.read_text())
+    shard = sorted(set(data["weight_map"].values()))[0]
+    (tmp_path / "outside.safetensors").write_bytes((tmp_path / "sharded" / shard).read_bytes())
+    data["weight_map"] = {k: "../outside.safetensors" if v == shard else v for k, v in data["weight_map"].items()}
+    index.write_text(json.dumps(data))
+    with pytest.raises(CheckpointError, match=r"lists the shard '../outside.safetensors': shards must be files in"):
+        kzoo.models.BertBackbone.from_preset(str(tmp_path / "sharded"))
+
+
+def test_a_bfloat16_checkpoint_loads_exactly(tmp_path, gpt2_folders):
+    _, reference = gpt2_folders["GPT2LMHeadModel"]
+    reference.to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    reference.to(torch.float32)
+    with safe_open(str(tmp_path / "bf16" / "model.safetensors"), "pt") as file:
+        assert file.get_tensor("transformer.h.0.ln_1.weight").dtype == torch.bfloat16
+    ours = load_quietly(kzoo.models.GPTCausalLM, tmp_path / "bf16", tokenizer=None)
+    rounded = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "bf16", dtype=torch.float32).eval()
+    ids, mask, _ = hf_folders.random_batch(ours.backbone.vocabulary_size)
+    with torch.no_grad():
+        expected = rounded(**torch_inputs(ids, mask)).logits
+    assert max_difference(ours({"token_ids": ids, "padding_mask": mask}), expected, mask) <= TOLERANCE
+
+
+def test_a_quantized_model_is_written_with_its_dequantized_weights(tmp_path, gpt2_folders):
+    folder, _ = gpt2_folders["GPT2LMHeadModel"]
+    lm = load_quietly(kzoo.models.GPTCausalLM, folder, tokenizer=None)
+    ids, mask, _ = hf_folders.random_batch(lm.backbone.vocabulary_size)
+    inputs = {"token_ids": ids, "padding_mask": mask}
+    float_logits = np.asarray(lm(inputs))
+    lm.quantize("int8")
+    lm.export_to_transformers(tmp_path / "int8")
+    written = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "int8").eval()
+    with torch.no_grad():
+        theirs = written(**torch_inputs(ids, mask)).logits.numpy()
+    # The int8 weights' rounding only (the raw codes would be off by hundreds of times the logits).
+    scale = np.abs(float_logits).max()
+    assert max_difference(theirs, float_logits, mask) <= 0.05 * scale
+    assert max_difference(theirs, np.asarray(lm(inputs)), mask) <= 0.05 * scale

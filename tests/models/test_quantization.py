@@ -9,15 +9,23 @@ to int8 precision. Each tiny model trains briefly on the recipes' data
 the quantized model must stay within the stated bound of the float32 one.
 """
 
+import gc
+import json
 import lzma
 import os
+import warnings
 
 import keras
 import numpy as np
 import pytest
 
 from kzoo import models
+from kzoo.data.tokenizers import character_tokenizer
+from kzoo.data.tokenizers import train_word_piece_vocabulary
+from kzoo.data.tokenizers import word_piece_tokenizer
 from kzoo.models import token_cross_entropy
+from tests.models import hf_folders
+from tests.models.test_task_tokenizer import run_fresh
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "..", "recipes", "data")
 LENGTH = 32
@@ -107,6 +115,13 @@ def _case(name):
     return model, train, test
 
 
+@pytest.fixture(autouse=True)
+def no_garbage_collection_per_kernel(monkeypatch):
+    """Keras runs gc.collect() for each kernel it quantizes: up to seconds each in a process that
+    holds TensorFlow, torch and the suite's models, for tiny kernels not worth it."""
+    monkeypatch.setattr(gc, "collect", lambda generation=2: 0)
+
+
 # By default a transformer (attention, feed-forward, embeddings and the tied table, the layers every
 # transformer task shares) and a recurrent model; KZOO_SLOW=1 runs every task model.
 DEFAULT_TASKS = ["GPTCausalLM", "BiLSTMTagger"]
@@ -149,3 +164,71 @@ def test_int8_quantization_stays_close_to_float32_and_reloads(name, tmp_path):
     np.testing.assert_array_equal(
         reloaded.predict(x_test, batch_size=64, verbose=0), model.predict(x_test, batch_size=64, verbose=0)
     )
+
+
+# === Task models that carry their tokenizer (the recipes' models, Hugging Face folders) ===
+
+# Reloads each quantized `.keras` file in a fresh process with `import kzoo` alone and gives, for the
+# same strings, what the test computed in this process: the text outputs and the logits.
+_RELOAD_AND_RUN = """
+import gc, json, sys
+gc.collect = lambda generation=2: 0  # see no_garbage_collection_per_kernel
+import keras
+import numpy as np
+import kzoo
+out = {}
+for name, texts in json.loads(sys.argv[2]).items():
+    model = keras.saving.load_model(f"{sys.argv[1]}/{name}.keras")
+    out[name] = [
+        np.asarray(model.predict(texts, verbose=0)).tolist(),
+        np.asarray(model.predict({k: v.numpy() for k, v in model.preprocess(texts).items()}, verbose=0)).tolist(),
+        [layer.path for layer in model._flatten_layers() if layer.quantization_mode == "int8"],
+    ]
+print(json.dumps(out))
+"""
+TEXTS = ["a fine film", "ROMEO: But soft", "crème brûlée 😂"]
+
+
+def _tokenizer_tasks(folder):
+    """One task per tokenizer kind kzoo supports: the recipes' characters and WordPiece, and the
+    WordPiece and byte-level BPE of Hugging Face folders (read with `from_preset`)."""
+    keras.utils.set_random_seed(0)
+    transformer = dict(num_layers=1, max_sequence_length=LENGTH, **TINY)
+    vocabulary = train_word_piece_vocabulary(TEXTS * 4, 60)
+    hf_folders.write_bert(folder / "bert", "BertForSequenceClassification", num_labels=2)
+    hf_folders.write_gpt2(folder / "gpt2", "GPT2LMHeadModel")
+    with warnings.catch_warnings():  # the tiny folders' untied or unused weights
+        warnings.simplefilter("ignore")
+        return {
+            "characters": models.GPTCausalLM(
+                models.GPTBackbone(vocabulary_size=256, **transformer), tokenizer=character_tokenizer(256)
+            ),
+            "word_piece": models.BertClassifier(
+                models.BertBackbone(vocabulary_size=len(vocabulary), **transformer),
+                num_classes=2,
+                tokenizer=word_piece_tokenizer(vocabulary),
+            ),
+            "hf_word_piece": models.BertClassifier.from_preset(str(folder / "bert")),
+            "hf_byte_pair": models.GPTCausalLM.from_preset(str(folder / "gpt2")),
+        }
+
+
+def test_int8_quantization_of_task_models_with_a_tokenizer_reloads_with_it_in_a_fresh_process(tmp_path):
+    tasks = _tokenizer_tasks(tmp_path)
+    expected = {}
+    for name, model in tasks.items():
+        float_inputs = {k: v.numpy() for k, v in model.preprocess(TEXTS).items()}
+        float_logits = model.predict(float_inputs, verbose=0)
+        assert not model.tokenizer.built  # never called, as in a loaded model: Keras cannot quantize it
+        model.quantize("int8")
+        assert model.tokenizer.quantization_mode is None
+        np.testing.assert_array_equal(model.preprocess(TEXTS)["token_ids"], float_inputs["token_ids"])
+        logits = model.predict({k: v.numpy() for k, v in model.preprocess(TEXTS).items()}, verbose=0)
+        # Quantized, not replaced: the logits move, by little (int8 precision).
+        assert 0 < np.abs(logits - float_logits).max() <= 0.05 * np.abs(float_logits).max(), name
+        quantized = [layer.path for layer in model._flatten_layers() if layer.quantization_mode == "int8"]
+        assert any("token_embedding" in path for path in quantized) and any("query" in path for path in quantized)
+        expected[name] = [np.asarray(model.predict(TEXTS, verbose=0)).tolist(), logits.tolist(), quantized]
+        model.save(tmp_path / f"{name}.keras")
+    reloaded = run_fresh(_RELOAD_AND_RUN, tmp_path, json.dumps({name: TEXTS for name in tasks}))
+    assert reloaded == expected

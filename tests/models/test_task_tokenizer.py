@@ -220,6 +220,8 @@ def test_is_text():
     assert text_inputs.is_text("a") and text_inputs.is_text(["a", "b"]) and text_inputs.is_text(np.array(["a"]))
     assert not text_inputs.is_text([[1, 2]]) and not text_inputs.is_text(np.ones((1, 2), "int32"))
     assert not text_inputs.is_text({"token_ids": np.ones((1, 2))}) and not text_inputs.is_text([])
+    # Meant as text, though not good text: `check_text` names the item that is not a string.
+    assert text_inputs.is_text(["a", 5]) and text_inputs.is_text(np.array([None, "a"], object))
     assert keras.ops.is_tensor(tf.constant(["a"])) and text_inputs.is_text(tf.constant(["a"]))
 
 

@@ -77,3 +77,52 @@ def task_batch(name, seed=0, **backbone_overrides):
         labels = rng.integers(0, NUM_CLASSES, ids.shape).astype("int32")
         return model, bert_inputs(ids, mask), labels * mask, mask
     raise ValueError(name)
+
+
+# One tiny backbone per decoder family, each with the settings that make it that family; the
+# shared causal-LM tests (tests/models/test_causal_lm.py) run every one.
+_DECODER_BASE = dict(
+    vocabulary_size=VOCABULARY_SIZE, num_layers=2, hidden_dim=16, intermediate_dim=32, max_sequence_length=16
+)
+DECODERS = {
+    "gpt2": lambda: models.GPTBackbone(**TINY_CONFIG),
+    "llama": lambda: models.DecoderBackbone(
+        **_DECODER_BASE,
+        num_heads=4,
+        num_key_value_heads=2,
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 4,
+        },
+        model_type="llama",
+    ),
+    "mistral": lambda: models.DecoderBackbone(**_DECODER_BASE, num_heads=2, sliding_window=3, model_type="mistral"),
+    "qwen3": lambda: models.DecoderBackbone(
+        **_DECODER_BASE, num_heads=4, num_key_value_heads=1, head_dim=8, query_key_norm=True, model_type="qwen3"
+    ),
+    "gemma3": lambda: models.DecoderBackbone(
+        **_DECODER_BASE,
+        num_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+        activation="gelu_approximate",
+        norm_unit_offset=True,
+        scale_embeddings=True,
+        sandwich_norm=True,
+        query_key_norm=True,
+        attention_scale=0.3,
+        attention_soft_cap=8.0,
+        final_logit_soft_cap=6.0,
+        layer_types=["sliding_attention", "full_attention"],
+        sliding_window=3,
+        rope_parameters={
+            "sliding_attention": {"rope_theta": 10000.0},
+            "full_attention": {"rope_theta": 1000000.0, "rope_type": "linear", "factor": 8.0},
+        },
+        model_type="gemma3_text",
+    ),
+}

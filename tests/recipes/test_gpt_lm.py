@@ -1,5 +1,7 @@
 import json
 import math
+import os
+import re
 import subprocess
 import sys
 
@@ -11,22 +13,34 @@ import pytest
 from tests.recipes.conftest import RECIPES
 from tests.recipes.conftest import check_run_files
 
+# What a recipe must not print by default: TensorFlow's C++ log lines ("I0000 00:00:1795.5  42
+# port.cc:153] ...") and absl's line before them, Python warnings ("...: UserWarning: ...") and
+# TensorFlow's Python notes ("WARNING:tensorflow:..." such as retracing, "WARNING:absl:...").
+NOISE = re.compile(r"^[IWEF]\d{4} [\d:.]+ +\d+ \S+:\d+\]|^WARNING: All log messages|Warning: |^WARNING:", re.MULTILINE)
+
+
+def run_script(command, cwd, *, verbose=False):
+    """Runs `command` in a fresh Python, with no log level set: the recipe's own default."""
+    environment = {key: value for key, value in os.environ.items() if key != "TF_CPP_MIN_LOG_LEVEL"}
+    return subprocess.run(
+        [sys.executable, *command, *(["--verbose"] if verbose else [])],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=cwd,
+        env=environment,
+    )
+
 
 def test_main_job_runs_as_a_script_and_its_files_are_all_generate_needs(tmp_path, tfds_dir):
-    """The README main job, `python recipes/gpt_lm.py --quick`, in a fresh process."""
+    """The README main job, `python recipes/gpt_lm.py --quick`, in a fresh process: its output is
+    its own (no TensorFlow log line or warning), and its files are what `generate` needs."""
     output_dir = tmp_path / "run"
-    command = [
-        sys.executable,
-        str(RECIPES / "gpt_lm.py"),
-        "--quick",
-        "--output-dir",
-        str(output_dir),
-        "--tfds-dir",
-        str(tfds_dir),
-    ]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    command = [str(RECIPES / "gpt_lm.py"), "--quick", "--output-dir", str(output_dir), "--tfds-dir", str(tfds_dir)]
+    result = run_script(command, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "validation_perplexity" in result.stdout
+    assert not NOISE.findall(result.stdout + result.stderr), (result.stdout + result.stderr)[-3000:]
 
     check_run_files(output_dir)
     metrics = json.loads((output_dir / "metrics.json").read_text())["metrics"]
@@ -42,6 +56,16 @@ def test_main_job_runs_as_a_script_and_its_files_are_all_generate_needs(tmp_path
     text = lm.generate("ROMEO:", max_new_tokens=5, jit_compile=False)
     token_ids = lm.generate([[ord(c) for c in "ROMEO:"]], max_new_tokens=5, jit_compile=False)[0]
     assert text == "".join(map(chr, token_ids)) and len(text) == 11
+
+
+def test_verbose_brings_the_tensorflow_log_lines_back(tmp_path):
+    """`--verbose` (here with `--help`, which stops after the imports) shows what TensorFlow prints."""
+    quiet = run_script([str(RECIPES / "gpt_lm.py"), "--help"], tmp_path)
+    verbose = run_script([str(RECIPES / "gpt_lm.py"), "--help"], tmp_path, verbose=True)
+    assert quiet.returncode == verbose.returncode == 0 and "--verbose" in quiet.stdout
+    assert not NOISE.findall(quiet.stdout + quiet.stderr), quiet.stderr[-3000:]
+    # TensorFlow's first lines at import (oneDNN, CUDA) on this x86 CPU build.
+    assert NOISE.findall(verbose.stderr), verbose.stderr[-3000:]
 
 
 def test_short_is_the_main_job_setting_and_flags_still_win():

@@ -2,7 +2,9 @@
 uninterrupted run; a second run on the same folder, or a rerun with other settings, is refused."""
 
 import csv
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -144,3 +146,56 @@ def test_a_killed_recipe_reruns_to_the_files_of_an_uninterrupted_run(points, uni
         )
     assert sorted(os.listdir(output_dir / "checkpoints")) == ["epoch_001.keras", "epoch_002.keras"]
     assert not (output_dir / "backup").exists() and not (output_dir / "unfinished_run.json").exists()
+
+
+def run_recipe_script(output_dir, tfds_dir, *flags):
+    """gpt_lm.py itself (the entry point a user runs), tiny, in a fresh process: `(exit status, output)`."""
+    environment = dict(
+        os.environ,
+        KERAS_BACKEND="tensorflow",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPOSITORY), os.environ.get("PYTHONPATH")])),
+    )
+    command = [sys.executable, str(REPOSITORY / "recipes" / "gpt_lm.py"), *FLAGS]
+    command += ["--output-dir", str(output_dir), "--tfds-dir", str(tfds_dir), *flags]
+    result = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=TIMEOUT)
+    return result.returncode, result.stdout + result.stderr
+
+
+def run_files(output_dir):
+    """The bytes of every file a run writes (the lock aside)."""
+    return {
+        str(path.relative_to(output_dir)): path.read_bytes()
+        for path in sorted(output_dir.rglob("*"))
+        if path.is_file() and path.name != ".lock"
+    }
+
+
+def test_a_finished_run_is_not_overwritten_by_a_rerun(uninterrupted, tmp_path):
+    """A rerun on a finished run's folder: other settings are refused, naming them, and the same
+    settings train nothing; both leave every file as it was. `--overwrite` trains afresh."""
+    reference, tfds_dir = uninterrupted
+    output_dir = tmp_path / "run"
+    shutil.copytree(reference, output_dir)
+    files = run_files(output_dir)
+    assert {"model.keras", "metrics.json", "history.csv", "checkpoints/epoch_002.keras"} <= set(files)
+    learning_rate = json.loads(files["metrics.json"])["settings"]["learning_rate"]
+
+    code, text = run_recipe_script(output_dir, tfds_dir, "--learning-rate", "0.01", "--seed", "3")
+    assert code == 2, text[-3000:]
+    assert "holds a finished run of other settings, whose files this run would replace: --learning-rate " in text
+    assert f"--learning-rate {learning_rate} (now 0.01), --seed 0 (now 3)" in text and "--overwrite" in text
+    assert run_files(output_dir) == files
+
+    code, text = run_recipe_script(output_dir, tfds_dir)
+    assert code == 0, text[-3000:]
+    assert "holds a finished run of these settings: nothing to train" in text and "validation_loss" in text
+    assert "Epoch 1/2" not in text
+    assert run_files(output_dir) == files
+
+    code, text = run_recipe_script(output_dir, tfds_dir, "--learning-rate", "0.01", "--overwrite")
+    assert code == 0, text[-3000:]
+    assert json.loads((output_dir / "metrics.json").read_text())["settings"]["learning_rate"] == 0.01
+    assert [row["epoch"] for row in history(output_dir)] == ["0", "1"]
+    assert sorted(os.listdir(output_dir / "checkpoints")) == ["epoch_001.keras", "epoch_002.keras"]
+    assert len(list((output_dir / "logs" / "train").iterdir())) == 1  # this run's TensorBoard file alone
+    assert run_files(output_dir)["model.keras"] != files["model.keras"]

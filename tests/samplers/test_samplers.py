@@ -109,13 +109,33 @@ def test_the_loop_compiles_with_xla():
     "make, match",
     [
         (lambda: samplers.get("nucleus"), r"`sampler` must be one of \['beam', 'greedy', 'random', 'top_k', 'top_p'\]"),
-        (lambda: samplers.TopPSampler(p=0.0), r"`p` must be a float in \(0, 1\]"),
-        (lambda: samplers.TopPSampler(p=1.5), r"`p` must be a float in \(0, 1\]"),
+        (lambda: samplers.TopPSampler(p=0.0), r"`p` must be a finite number in \(0, 1\]; received p=0.0"),
+        (lambda: samplers.TopPSampler(p=1.5), r"`p` must be a finite number in \(0, 1\]"),
+        (lambda: samplers.TopPSampler(p=float("nan")), r"`p` must be a finite number in \(0, 1\]; received p=nan"),
+        (lambda: samplers.TopPSampler(p="0.9"), r"`p` must be a finite number in \(0, 1\]; received p='0.9'"),
         (lambda: samplers.TopKSampler(k=0), r"`k` must be a positive integer"),
-        (lambda: samplers.RandomSampler(temperature=0), r"`temperature` must be > 0"),
+        (lambda: samplers.TopKSampler(k=2.0), r"`k` must be a positive integer; received k=2.0"),
+        (lambda: samplers.TopKSampler(k=True), r"`k` must be a positive integer; received k=True"),
+        (lambda: samplers.RandomSampler(temperature=0), r"`temperature` must be a finite number in \(0, inf\)"),
+        (lambda: samplers.RandomSampler(temperature="0.5"), r"received temperature='0.5'"),
+        (lambda: samplers.TopKSampler(temperature=float("inf")), r"received temperature=inf"),
+        (lambda: samplers.TopPSampler(temperature=None), r"received temperature=None"),
+        (lambda: samplers.RandomSampler(seed=1.5), r"`seed` must be None or an integer in \[-2\*\*63, 2\*\*63\)"),
+        (lambda: samplers.TopKSampler(seed="0"), r"received seed='0'"),
+        (lambda: samplers.TopPSampler(seed=2**64), r"received seed=18446744073709551616"),
         (lambda: samplers.BeamSampler(num_beams=0), r"`num_beams` must be a positive integer"),
+        (lambda: samplers.BeamSampler(num_beams="4"), r"`num_beams` must be a positive integer; received num_beams='4"),
+        (lambda: samplers.BeamSampler(length_penalty=float("nan")), r"`length_penalty` must be a finite number in "
+         r"\(-inf, inf\); received length_penalty=nan"),
+        (lambda: samplers.BeamSampler(length_penalty="1"), r"received length_penalty='1'"),
     ],
-)
+)  # fmt: skip
 def test_bad_sampler_arguments(make, match):
     with pytest.raises(ValueError, match=match):
         make()
+
+
+def test_numpy_numbers_are_good_arguments_and_stored_as_python_ones():
+    sampler = samplers.TopKSampler(k=np.int32(3), temperature=np.float32(0.5), seed=np.int64(7))
+    assert sampler.get_config() == {"temperature": 0.5, "seed": 7, "k": 3}
+    assert all(type(value) in (int, float) for value in sampler.get_config().values())

@@ -67,7 +67,7 @@ class BertBackbone(Backbone):
     ... )
     >>> ids = keras.ops.ones((2, 16), "int32")
     >>> outputs = backbone({"token_ids": ids, "segment_ids": 0 * ids, "padding_mask": ids})
-    >>> outputs["pooled_output"].shape
+    >>> tuple(outputs["pooled_output"].shape)
     (2, 64)
 
     References:

@@ -26,7 +26,7 @@ class BertClassifier(BertClassifierBase):
     Example:
     >>> classifier = BertClassifier.from_preset("bert_tiny", num_classes=3)
     >>> ids = keras.ops.ones((2, 16), "int32")
-    >>> classifier({"token_ids": ids, "segment_ids": 0 * ids, "padding_mask": ids}).shape
+    >>> tuple(classifier({"token_ids": ids, "segment_ids": 0 * ids, "padding_mask": ids}).shape)
     (2, 3)
 
     References:

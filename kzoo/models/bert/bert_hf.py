@@ -13,8 +13,8 @@ from kzoo.models.bert.bert_backbone import BertBackbone
 from kzoo.models.hf_checkpoint import Family
 from kzoo.models.hf_checkpoint import Head
 from kzoo.models.hf_checkpoint import embedding
-from kzoo.models.hf_checkpoint import layer_norm
 from kzoo.models.hf_checkpoint import linear
+from kzoo.models.hf_checkpoint import norm
 
 # `hidden_act` values -> kzoo activations. "gelu" is the exact (erf) GELU, as transformers runs it.
 ACTIVATIONS = {
@@ -30,29 +30,27 @@ HF_ACTIVATIONS = {"gelu": "gelu", "gelu_approximate": "gelu_new", "relu": "relu"
 
 
 def backbone_config(config, read):
-    """`BertBackbone` arguments from a `transformers` `BertConfig` dict."""
-    hidden_act = read("hidden_act", "gelu")
-    if hidden_act not in ACTIVATIONS:
+    """`BertBackbone` arguments from a `transformers` `BertConfig` dict (`read`: its `ConfigReader`)."""
+    hidden_act = read.choice("hidden_act", ACTIVATIONS, "gelu")
+    read.choice("position_embedding_type", ["absolute"], "absolute")
+    read.choice("is_decoder", [False], False)
+    read.choice("add_cross_attention", [False], False)
+    hidden_dim, num_heads = read.int("hidden_size"), read.int("num_attention_heads")
+    if hidden_dim % num_heads:
         raise hf_checkpoint.CheckpointError(
-            f"config.json field 'hidden_act' is {hidden_act!r}; kzoo's BERT runs {sorted(ACTIVATIONS)}."
+            f"{read.source} field 'num_attention_heads' ({num_heads}) must divide 'hidden_size' ({hidden_dim})."
         )
-    fixed = (("position_embedding_type", "absolute"), ("is_decoder", False), ("add_cross_attention", False))
-    for key, allowed in fixed:
-        if read(key, allowed) != allowed:
-            raise hf_checkpoint.CheckpointError(
-                f"config.json field {key!r} is {read(key)!r}; kzoo's BERT supports only {allowed!r}."
-            )
     return {
-        "vocabulary_size": read("vocab_size"),
-        "num_layers": read("num_hidden_layers"),
-        "num_heads": read("num_attention_heads"),
-        "hidden_dim": read("hidden_size"),
-        "intermediate_dim": read("intermediate_size"),
-        "max_sequence_length": read("max_position_embeddings"),
-        "num_segments": read("type_vocab_size", 2),
-        "dropout": read("hidden_dropout_prob", 0.1),
+        "vocabulary_size": read.int("vocab_size"),
+        "num_layers": read.int("num_hidden_layers"),
+        "num_heads": num_heads,
+        "hidden_dim": hidden_dim,
+        "intermediate_dim": read.int("intermediate_size"),
+        "max_sequence_length": read.int("max_position_embeddings"),
+        "num_segments": read.int("type_vocab_size", 2),
+        "dropout": read.rate("hidden_dropout_prob", 0.1),
         "activation": ACTIVATIONS[hidden_act],
-        "layer_norm_epsilon": read("layer_norm_eps", 1e-12),
+        "layer_norm_epsilon": read.number("layer_norm_eps", 1e-12),
     }
 
 
@@ -84,10 +82,16 @@ def hf_config(backbone):
 def backbone_tensors(backbone):
     """The `BertModel` tensors of every `BertBackbone` weight."""
     maps = [
-        embedding(backbone.embedding.token_embedding.embeddings, "embeddings.word_embeddings.weight"),
+        embedding(
+            backbone.embedding.token_embedding.embeddings,
+            "embeddings.word_embeddings.weight",
+            backbone.embedding.token_embedding,
+        ),
         embedding(backbone.embedding.position_embedding.position_embeddings, "embeddings.position_embeddings.weight"),
-        embedding(backbone.segment_embedding.embeddings, "embeddings.token_type_embeddings.weight"),
-        layer_norm(backbone.embedding_norm, "embeddings.LayerNorm"),
+        embedding(
+            backbone.segment_embedding.embeddings, "embeddings.token_type_embeddings.weight", backbone.segment_embedding
+        ),
+        norm(backbone.embedding_norm, "embeddings.LayerNorm"),
     ]
     for i, block in enumerate(backbone.transformer_blocks):
         layer = f"encoder.layer.{i}"
@@ -97,10 +101,10 @@ def backbone_tensors(backbone):
             linear(attention.key_dense, f"{layer}.attention.self.key"),
             linear(attention.value_dense, f"{layer}.attention.self.value"),
             linear(attention.output_dense, f"{layer}.attention.output.dense", input_axes=2),
-            layer_norm(block.self_attention_norm, f"{layer}.attention.output.LayerNorm"),
+            norm(block.self_attention_norm, f"{layer}.attention.output.LayerNorm"),
             linear(block.feed_forward.intermediate_dense, f"{layer}.intermediate.dense"),
             linear(block.feed_forward.output_dense, f"{layer}.output.dense"),
-            layer_norm(block.feed_forward_norm, f"{layer}.output.LayerNorm"),
+            norm(block.feed_forward_norm, f"{layer}.output.LayerNorm"),
         ]
     return maps + [linear(backbone.pooler, "pooler.dense")]
 
@@ -108,7 +112,7 @@ def backbone_tensors(backbone):
 def _masked_lm_tensors(task):
     return [
         linear(task.transform_dense, "cls.predictions.transform.dense"),
-        layer_norm(task.transform_norm, "cls.predictions.transform.LayerNorm"),
+        norm(task.transform_norm, "cls.predictions.transform.LayerNorm"),
         hf_checkpoint.TensorMap((task.lm_head.bias,), ("cls.predictions.bias",), list, list),
     ]
 
@@ -126,6 +130,12 @@ def _labels(task):
     return {"id2label": {str(i): f"LABEL_{i}" for i in range(task.num_classes)}}
 
 
+def _tokenizer(folder, config):
+    from kzoo.models import hf_tokenizer  # keras-hub's tokenizers: only when one is read
+
+    return hf_tokenizer.read_bert_tokenizer(folder)
+
+
 hf_checkpoint.register_family(
     Family(
         model_type="bert",
@@ -135,6 +145,9 @@ hf_checkpoint.register_family(
         hf_config=hf_config,
         backbone_tensors=backbone_tensors,
         backbone_prefix="bert.",
+        layer_pattern=r"^(?:bert\.)?encoder\.layer\.(\d+)\.",
+        num_layers_field="num_hidden_layers",
+        tokenizer=_tokenizer,
         optional_prefixes=("pooler.",),
         # Buffers, not weights: position ids (older checkpoints) and the decoder's copy of
         # the output bias.

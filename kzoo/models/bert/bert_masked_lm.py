@@ -35,7 +35,7 @@ class BertMaskedLM(Task):
     >>> ids = keras.ops.ones((2, 16), "int32")
     >>> logits = mlm({"token_ids": ids, "segment_ids": 0 * ids,
     ...               "padding_mask": ids, "mask_positions": ids[:, :3]})
-    >>> logits.shape
+    >>> tuple(logits.shape)
     (2, 3, 30522)
 
     References:

@@ -23,7 +23,7 @@ class BertTokenClassifier(BertClassifierBase):
     Example:
     >>> tagger = BertTokenClassifier.from_preset("bert_tiny", num_classes=3)
     >>> ids = keras.ops.ones((2, 16), "int32")
-    >>> tagger({"token_ids": ids, "segment_ids": 0 * ids, "padding_mask": ids}).shape
+    >>> tuple(tagger({"token_ids": ids, "segment_ids": 0 * ids, "padding_mask": ids}).shape)
     (2, 16, 3)
 
     References:

@@ -55,7 +55,7 @@ class FeedForwardLanguageModel(StandaloneTask):
 
     Example:
     >>> model = FeedForwardLanguageModel(vocabulary_size=128, window_size=4, embedding_dim=16, hidden_dim=64)
-    >>> model(keras.ops.ones((2, 10), "int32")).shape
+    >>> tuple(model(keras.ops.ones((2, 10), "int32")).shape)
     (2, 10, 128)
 
     References:

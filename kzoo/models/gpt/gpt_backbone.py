@@ -1,27 +1,18 @@
 import keras
 
-from kzoo.layers import LayerNormalization
-from kzoo.layers import TokenAndPositionEmbedding
-from kzoo.layers import TransformerDecoderBlock
 from kzoo.models.backbone import Backbone
+from kzoo.models.decoder.decoder_backbone import DecoderBackbone
 from kzoo.models.keras_hub_weights import copy_weights
 from kzoo.models.keras_hub_weights import keras_hub_config
 from kzoo.models.keras_hub_weights import transformer_block_pairs
-from kzoo.validation import check_divisible
-from kzoo.validation import check_positive_int
-from kzoo.validation import check_rate
-
-
-def gpt_kernel_initializer():
-    """GPT-2 initializes every weight matrix from N(0, 0.02^2)."""
-    return keras.initializers.RandomNormal(stddev=0.02)
 
 
 @keras.saving.register_keras_serializable(package="kzoo")
-class GPTBackbone(Backbone):
+class GPTBackbone(DecoderBackbone):
     """A GPT-2 style decoder-only transformer, without the language-model head.
 
-    Token ids and learned positions are embedded and summed, then pass
+    The `DecoderBackbone` with GPT-2's settings and GPT-2's arguments. Token
+    ids and learned positions are embedded and summed, then pass
     through `num_layers` pre-LN causal self-attention blocks and a final
     LayerNorm:
 
@@ -58,8 +49,8 @@ class GPTBackbone(Backbone):
     ...     vocabulary_size=1000, num_layers=2, num_heads=2, hidden_dim=64,
     ...     intermediate_dim=256, max_sequence_length=128,
     ... )
-    >>> backbone({"token_ids": keras.ops.ones((2, 16), "int32"),
-    ...           "padding_mask": keras.ops.ones((2, 16), "int32")}).shape
+    >>> tuple(backbone({"token_ids": keras.ops.ones((2, 16), "int32"),
+    ...                 "padding_mask": keras.ops.ones((2, 16), "int32")}).shape)
     (2, 16, 64)
 
     References:
@@ -68,6 +59,8 @@ class GPTBackbone(Backbone):
     """
 
     keras_hub_class_name = "GPT2Backbone"
+    # As GPTBackbone named it before it was a DecoderBackbone (its optimizer slots carry the name).
+    final_norm_name = "layer_norm"
 
     def __init__(
         self,
@@ -83,70 +76,29 @@ class GPTBackbone(Backbone):
         dtype=None,
         **kwargs,
     ):
-        check_positive_int("vocabulary_size", vocabulary_size)
-        check_positive_int("num_layers", num_layers)
-        check_positive_int("num_heads", num_heads)
-        check_positive_int("hidden_dim", hidden_dim)
-        check_positive_int("intermediate_dim", intermediate_dim)
-        check_positive_int("max_sequence_length", max_sequence_length)
-        check_rate("dropout", dropout)
-        check_divisible("hidden_dim", hidden_dim, "num_heads", num_heads)
-
-        # === Layers ===
-        self.embedding = TokenAndPositionEmbedding(
-            vocabulary_size,
-            max_sequence_length,
-            hidden_dim,
-            position="learned",
-            embeddings_initializer=gpt_kernel_initializer(),
-            dtype=dtype,
-            name="embedding",
-        )
-        self.embedding_dropout = keras.layers.Dropout(dropout, dtype=dtype, name="embedding_dropout")
-        self.transformer_blocks = [
-            TransformerDecoderBlock(
-                num_heads,
-                intermediate_dim,
-                cross_attention=False,
-                norm_first=True,
-                activation=activation,
-                dropout=dropout,
-                layer_norm_epsilon=layer_norm_epsilon,
-                kernel_initializer=gpt_kernel_initializer(),
-                dtype=dtype,
-                name=f"transformer_block_{i}",
-            )
-            for i in range(num_layers)
-        ]
-        self.layer_norm = LayerNormalization(epsilon=layer_norm_epsilon, dtype=dtype, name="layer_norm")
-
-        # === Functional model ===
-        token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
-        padding_mask = keras.Input(shape=(None,), dtype="int32", name="padding_mask")
-        x = self.embedding_dropout(self.embedding(token_ids))  # (B, T, d)
-        for block in self.transformer_blocks:
-            x = block(x, padding_mask=padding_mask)
-        sequence_output = self.layer_norm(x)
         super().__init__(
-            inputs={"token_ids": token_ids, "padding_mask": padding_mask},
-            outputs=sequence_output,
+            vocabulary_size,
+            num_layers,
+            num_heads,
+            hidden_dim,
+            intermediate_dim,
+            max_sequence_length,
+            positions="learned",
+            normalization="layer_norm",
+            norm_epsilon=layer_norm_epsilon,
+            feed_forward="plain",
+            activation=activation,
+            attention_bias=True,
+            feed_forward_bias=True,
+            dropout=dropout,
+            model_type="gpt2",
             dtype=dtype,
             **kwargs,
         )
-
-        # === Config ===
-        self.vocabulary_size = vocabulary_size
-        self.num_layers = num_layers
-        self.num_heads = num_heads
-        self.hidden_dim = hidden_dim
-        self.intermediate_dim = intermediate_dim
-        self.max_sequence_length = max_sequence_length
-        self.dropout = dropout
         self.layer_norm_epsilon = layer_norm_epsilon
-        self.activation = activation
 
     def get_config(self):
-        config = super().get_config()
+        config = Backbone.get_config(self)
         config.update(
             vocabulary_size=self.vocabulary_size,
             num_layers=self.num_layers,
@@ -180,7 +132,7 @@ class GPTBackbone(Backbone):
         pairs = [
             (backbone.embedding.token_embedding, hub_backbone.token_embedding),
             (backbone.embedding.position_embedding, hub_backbone.position_embedding),
-            (backbone.layer_norm, hub_backbone.layer_norm),
+            (backbone.final_norm, hub_backbone.layer_norm),
         ]
         for block, hub_layer in zip(backbone.transformer_blocks, hub_backbone.transformer_layers):
             pairs += transformer_block_pairs(block, hub_layer)

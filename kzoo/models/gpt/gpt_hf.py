@@ -6,16 +6,14 @@ Keras kernel does, and `c_attn` holds the query, key and value projections side 
 `(d, 3d)`, split into kzoo's three `(d, heads, head_dim)` kernels.
 """
 
-import numpy as np
-
 from kzoo.models import hf_checkpoint
 from kzoo.models.gpt.gpt_backbone import GPTBackbone
 from kzoo.models.hf_checkpoint import Family
 from kzoo.models.hf_checkpoint import Head
-from kzoo.models.hf_checkpoint import TensorMap
 from kzoo.models.hf_checkpoint import embedding
-from kzoo.models.hf_checkpoint import layer_norm
+from kzoo.models.hf_checkpoint import fused_linear
 from kzoo.models.hf_checkpoint import linear
+from kzoo.models.hf_checkpoint import norm
 
 # `activation_function` values -> kzoo activations ("gelu_new" is GPT-2's tanh GELU).
 ACTIVATIONS = {
@@ -37,27 +35,24 @@ _FIXED = {
 
 
 def backbone_config(config, read):
-    """`GPTBackbone` arguments from a `transformers` `GPT2Config` dict."""
-    activation = read("activation_function", "gelu_new")
-    if activation not in ACTIVATIONS:
-        raise hf_checkpoint.CheckpointError(
-            f"config.json field 'activation_function' is {activation!r}; kzoo's GPT runs {sorted(ACTIVATIONS)}."
-        )
+    """`GPTBackbone` arguments from a `transformers` `GPT2Config` dict (`read`: its `ConfigReader`)."""
+    activation = read.choice("activation_function", ACTIVATIONS, "gelu_new")
     for key, allowed in _FIXED.items():
-        if read(key, allowed) != allowed:
-            raise hf_checkpoint.CheckpointError(
-                f"config.json field {key!r} is {read(key)!r}; kzoo's GPT supports only {allowed!r}."
-            )
-    hidden_dim = read("n_embd")
+        read.choice(key, [allowed], allowed)
+    hidden_dim, num_heads = read.int("n_embd"), read.int("n_head")
+    if hidden_dim % num_heads:
+        raise hf_checkpoint.CheckpointError(
+            f"{read.source} field 'n_head' ({num_heads}) must divide 'n_embd' ({hidden_dim})."
+        )
     return {
-        "vocabulary_size": read("vocab_size"),
-        "num_layers": read("n_layer"),
-        "num_heads": read("n_head"),
+        "vocabulary_size": read.int("vocab_size"),
+        "num_layers": read.int("n_layer"),
+        "num_heads": num_heads,
         "hidden_dim": hidden_dim,
-        "intermediate_dim": read("n_inner", 4 * hidden_dim),
-        "max_sequence_length": read("n_positions"),
-        "dropout": read("resid_pdrop", 0.1),
-        "layer_norm_epsilon": read("layer_norm_epsilon", 1e-5),
+        "intermediate_dim": read.int("n_inner", 4 * hidden_dim),
+        "max_sequence_length": read.int("n_positions"),
+        "dropout": read.rate("resid_pdrop", 0.1),
+        "layer_norm_epsilon": read.number("layer_norm_epsilon", 1e-5),
         "activation": ACTIVATIONS[activation],
     }
 
@@ -86,46 +81,33 @@ def hf_config(backbone):
     }
 
 
-def _attention_inputs(attention, name):
-    """`c_attn` `(d, 3d)` / `(3d,)` as the query, key and value kernels and biases."""
-    denses = (attention.query_dense, attention.key_dense, attention.value_dense)
-    shapes = [(tuple(dense.kernel.shape), tuple(dense.bias.shape)) for dense in denses]
-
-    def to_keras(arrays):
-        weight, bias = arrays
-        weights, biases = np.split(weight, 3, axis=1), np.split(bias, 3)
-        return [
-            array
-            for w, b, (kernel_shape, bias_shape) in zip(weights, biases, shapes)
-            for array in (w.reshape(kernel_shape), b.reshape(bias_shape))
-        ]
-
-    def to_hf(arrays):
-        kernels, biases = arrays[0::2], arrays[1::2]
-        weight = np.concatenate([k.reshape(k.shape[0], -1) for k in kernels], axis=1)
-        return [weight, np.concatenate([b.reshape(-1) for b in biases])]
-
-    weights = tuple(weight for dense in denses for weight in (dense.kernel, dense.bias))
-    return TensorMap(weights, (f"{name}.weight", f"{name}.bias"), to_keras, to_hf)
-
-
 def backbone_tensors(backbone):
     """The `GPT2Model` tensors of every `GPTBackbone` weight."""
     maps = [
-        embedding(backbone.embedding.token_embedding.embeddings, "wte.weight"),
+        embedding(backbone.embedding.token_embedding.embeddings, "wte.weight", backbone.embedding.token_embedding),
         embedding(backbone.embedding.position_embedding.position_embeddings, "wpe.weight"),
     ]
     for i, block in enumerate(backbone.transformer_blocks):
         attention = block.self_attention
         maps += [
-            layer_norm(block.self_attention_norm, f"h.{i}.ln_1"),
-            _attention_inputs(attention, f"h.{i}.attn.c_attn"),
+            norm(block.self_attention_norm, f"h.{i}.ln_1"),
+            fused_linear(
+                (attention.query_dense, attention.key_dense, attention.value_dense),
+                f"h.{i}.attn.c_attn",
+                transposed=False,
+            ),
             linear(attention.output_dense, f"h.{i}.attn.c_proj", input_axes=2, transposed=False),
-            layer_norm(block.feed_forward_norm, f"h.{i}.ln_2"),
+            norm(block.feed_forward_norm, f"h.{i}.ln_2"),
             linear(block.feed_forward.intermediate_dense, f"h.{i}.mlp.c_fc", transposed=False),
             linear(block.feed_forward.output_dense, f"h.{i}.mlp.c_proj", transposed=False),
         ]
-    return maps + [layer_norm(backbone.layer_norm, "ln_f")]
+    return maps + [norm(backbone.final_norm, "ln_f")]
+
+
+def _tokenizer(folder, config):
+    from kzoo.models import hf_tokenizer  # keras-hub's tokenizers: only when one is read
+
+    return hf_tokenizer.read_gpt2_tokenizer(folder)
 
 
 hf_checkpoint.register_family(
@@ -137,6 +119,9 @@ hf_checkpoint.register_family(
         hf_config=hf_config,
         backbone_tensors=backbone_tensors,
         backbone_prefix="transformer.",
+        layer_pattern=r"^(?:transformer\.)?h\.(\d+)\.",
+        num_layers_field="n_layer",
+        tokenizer=_tokenizer,
         # The causal mask as a buffer, in checkpoints written by older transformers.
         ignored=(".attn.bias", ".attn.masked_bias"),
         heads={"GPTCausalLM": Head(("GPT2LMHeadModel",), tied={"lm_head.weight": "wte.weight"})},

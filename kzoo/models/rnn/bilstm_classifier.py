@@ -43,10 +43,10 @@ class BiLSTMClassifier(StandaloneTask):
 
     Example:
     >>> classifier = BiLSTMClassifier(vocabulary_size=1000, num_classes=2, embedding_dim=32, hidden_dim=64)
-    >>> classifier(keras.ops.ones((2, 10), "int32")).shape
+    >>> tuple(classifier(keras.ops.ones((2, 10), "int32")).shape)
     (2, 2)
     >>> tagger = BiLSTMClassifier(1000, 17, 32, 64, pooling=None)
-    >>> tagger(keras.ops.ones((2, 10), "int32")).shape
+    >>> tuple(tagger(keras.ops.ones((2, 10), "int32")).shape)
     (2, 10, 17)
 
     References:

@@ -24,7 +24,7 @@ class BiLSTMTagger(BiLSTMClassifier):
 
     Example:
     >>> tagger = BiLSTMTagger(vocabulary_size=1000, num_labels=17, embedding_dim=32, hidden_dim=64)
-    >>> tagger(keras.ops.ones((2, 10), "int32")).shape
+    >>> tuple(tagger(keras.ops.ones((2, 10), "int32")).shape)
     (2, 10, 17)
     """
 

@@ -40,7 +40,7 @@ class RNNLanguageModel(StandaloneTask):
 
     Example:
     >>> model = RNNLanguageModel(vocabulary_size=128, embedding_dim=32, hidden_dim=64)
-    >>> model(keras.ops.ones((2, 10), "int32")).shape
+    >>> tuple(model(keras.ops.ones((2, 10), "int32")).shape)
     (2, 10, 128)
 
     References:

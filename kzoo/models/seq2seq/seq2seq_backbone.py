@@ -69,7 +69,7 @@ class Seq2SeqBackbone(Backbone):
     ... )
     >>> outputs = backbone({"encoder_token_ids": keras.ops.ones((2, 12), "int32"),
     ...                     "decoder_token_ids": keras.ops.ones((2, 9), "int32")})
-    >>> outputs["decoder_sequence_output"].shape
+    >>> tuple(outputs["decoder_sequence_output"].shape)
     (2, 9, 64)
 
     References:

@@ -38,7 +38,7 @@ class Seq2SeqTransformer(Task):
     Example:
     >>> model = Seq2SeqTransformer.from_preset("transformer_tiny")
     >>> ids = keras.ops.ones((2, 10), "int32")
-    >>> model({"encoder_token_ids": ids, "decoder_token_ids": ids[:, :7]}).shape
+    >>> tuple(model({"encoder_token_ids": ids, "decoder_token_ids": ids[:, :7]}).shape)
     (2, 7, 1000)
 
     References:
@@ -181,7 +181,9 @@ class Seq2SeqTransformer(Task):
 
         Example:
         >>> model = Seq2SeqTransformer.from_preset("transformer_tiny")
-        >>> model.generate([[7, 8, 9], [4, 5]], start_token_id=5, max_new_tokens=6)
+        >>> targets = model.generate([[7, 8, 9], [4, 5]], start_token_id=5, max_new_tokens=6)
+        >>> [row[:1] for row in targets], [len(row) for row in targets]  # the start token, then 6 new ones
+        ([[5], [5]], [7, 7])
         """
         vocabulary_size = self.backbone.vocabulary_size
         generation.check_token_ids(encoder_token_ids, vocabulary_size, "encoder_token_ids")

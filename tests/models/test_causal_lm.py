@@ -1,0 +1,128 @@
+"""The causal-LM contract, run by every decoder family (`tiny_models.DECODERS`).
+
+A family adds an entry there and passes these: its outputs never depend on later tokens or on
+padding, the cached steps give the full pass's logits, ragged prompts in one batch give what each
+gives alone, and `.keras` files, LoRA and int8 keep working. What is specific to one family (its
+Hugging Face checkpoints) is tested against transformers in test_decoder_hf.py.
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from kzoo import models
+from tests.models.tiny_models import DECODERS
+from tests.models.tiny_models import LENGTH
+from tests.models.tiny_models import padding_mask
+from tests.models.tiny_models import token_ids
+
+FAMILIES = list(DECODERS)
+
+
+def causal_lm(name):
+    keras.utils.set_random_seed(7)
+    lm = models.CausalLM(DECODERS[name]())
+    # Weights larger than the initialization's: logits of unit scale, so that every check below
+    # sees a difference and argmax ties do not happen.
+    lm.set_weights([w + np.random.default_rng(i).normal(0, 0.3, w.shape) for i, w in enumerate(lm.get_weights())])
+    return lm
+
+
+def inputs(ids, mask=None):
+    return {"token_ids": ids, "padding_mask": np.ones_like(ids) if mask is None else mask}
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_output_at_t_is_independent_of_later_tokens(name):
+    lm = causal_lm(name)
+    rng = np.random.default_rng(0)
+    ids = token_ids(rng)
+    logits = np.asarray(lm(inputs(ids)))
+    for t in (0, 4, LENGTH - 2):
+        changed = ids.copy()
+        changed[:, t + 1 :] = token_ids(rng)[:, t + 1 :]
+        changed_logits = np.asarray(lm(inputs(changed)))
+        np.testing.assert_allclose(changed_logits[:, : t + 1], logits[:, : t + 1], atol=1e-5)
+        assert not np.allclose(changed_logits[:, t + 1 :], logits[:, t + 1 :], atol=1e-3)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_outputs_at_real_tokens_are_independent_of_padding(name):
+    lm = causal_lm(name)
+    rng = np.random.default_rng(1)
+    ids = token_ids(rng, batch=2, length=6)
+    short = np.asarray(lm(inputs(ids)))
+    padded = np.concatenate([ids, token_ids(rng, batch=2, length=6)], axis=1)  # arbitrary ids under the padding
+    long = np.asarray(lm(inputs(padded, padding_mask([6, 6], length=12))))
+    np.testing.assert_allclose(long[:, :6], short, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_cached_steps_match_the_full_pass(name):
+    lm = causal_lm(name)
+    ids = token_ids(np.random.default_rng(2), batch=3, length=12)
+    full = np.asarray(lm(inputs(ids)))
+    logits, state = lm.prefill(ids[:, :5], cache_length=12)
+    backbone = lm.backbone
+    assert {name: tuple(c.shape) for name, c in state.items()} == {
+        f"{kind}_cache_{i}": (3, backbone.num_key_value_heads, 12, backbone.head_dim)
+        for kind in ("key", "value")
+        for i in range(backbone.num_layers)
+    }
+    steps = [logits]
+    step = tf.function(lm.decode)  # as `generate` runs it: a graph with a tensor index
+    for t in range(5, 12):
+        logits, state = step(ids[:, t : t + 1], state, tf.constant(t))
+        steps.append(logits)
+    assert logits.dtype == "float32" and tuple(logits.shape) == (3, 1, backbone.vocabulary_size)
+    np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_ragged_prompts_in_one_batch_equal_each_row_alone(name):
+    lm = causal_lm(name)
+    prompts = [[5], [7, 3, 9], [1, 2, 3, 4, 5, 6, 7], [9, 9]]
+    together = lm.generate(prompts, max_length=14, jit_compile=False)
+    assert together == [lm.generate([p], max_length=14, jit_compile=False)[0] for p in prompts]
+    # And the cached greedy tokens are the argmax of the full pass over each prefix.
+    ids = together[1]
+    logits = np.asarray(lm(inputs(np.array([ids], "int32"))))[0]
+    assert ids[3:] == logits[2:-1].argmax(-1).tolist()
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_keras_file_round_trip(name, tmp_path):
+    lm = causal_lm(name)
+    ids = token_ids(np.random.default_rng(3))
+    lm.save(tmp_path / "lm.keras")
+    reloaded = keras.saving.load_model(tmp_path / "lm.keras")
+    assert type(reloaded.backbone) is type(lm.backbone) and reloaded.backbone.get_config() == lm.backbone.get_config()
+    np.testing.assert_array_equal(np.asarray(reloaded(inputs(ids))), np.asarray(lm(inputs(ids))))
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_lora_trains_its_weights_only_and_int8_stays_close(name, tmp_path):
+    lm = causal_lm(name)
+    rng = np.random.default_rng(4)
+    ids = token_ids(rng, length=LENGTH + 1)
+    x, y = inputs(ids[:, :-1]), ids[:, 1:]
+    lm.backbone.enable_lora(2)
+    frozen = {w.path: w.numpy() for w in lm.weights if "lora" not in w.path}
+    lm.compile(learning_rate=1e-2)
+    before = np.asarray(lm(x))
+    lm.fit(x, y, epochs=1, steps_per_epoch=3, batch_size=len(y), verbose=0)
+    assert all(np.array_equal(w.numpy(), frozen[w.path]) for w in lm.weights if w.path in frozen)
+    after = np.asarray(lm(x))
+    assert np.abs(after - before).max() > 1e-3
+    # Saved with the LoRA updates merged into the kernels.
+    lm.save(tmp_path / "lora.keras")
+    merged = keras.saving.load_model(tmp_path / "lora.keras")
+    np.testing.assert_allclose(np.asarray(merged(x)), after, atol=1e-5)
+    # int8 weights: the same next tokens almost everywhere, and the quantized file reloads exactly.
+    merged.quantize("int8")
+    quantized = np.asarray(merged(x))
+    assert (quantized.argmax(-1) == after.argmax(-1)).mean() >= 0.9
+    assert np.abs(quantized - after).max() < 0.1 * np.abs(after).max()
+    merged.save(tmp_path / "int8.keras")
+    np.testing.assert_array_equal(np.asarray(keras.saving.load_model(tmp_path / "int8.keras")(x)), quantized)
