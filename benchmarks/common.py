@@ -45,12 +45,23 @@ def median_time(fn, repeats):
     return statistics.median(times)
 
 
+def cpu_flags():
+    """The host's vector and matrix extensions (AVX2, AVX-512 ..., AMX), which decide its speed."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            words = set(f.read().split())
+    except OSError:
+        return []
+    return sorted(w for w in words if w.startswith(("avx2", "avx512", "amx")))
+
+
 def environment():
     import keras
     import keras_hub
 
     record = {
         "cpu": platform.processor() or platform.machine(),
+        "cpu_flags": cpu_flags(),
         "cores": os.cpu_count(),
         "backend": keras.backend.backend(),
         "keras": keras.__version__,

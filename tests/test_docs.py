@@ -216,9 +216,36 @@ def _review_batches(folder):
     return kzoo.data.classification_batches(reviews, tokenizer, 16, 4, **special)
 
 
+def _hf_qwen3_folder(path):
+    """A tiny random Qwen3 with a Qwen2-style byte-level BPE and Qwen3's chat template."""
+    from tests.models import hf_folders
+    from tests.models import tokenizer_files
+
+    template = (REPOSITORY / "tests" / "models" / "data" / "chat_templates" / "qwen3.jinja").read_text(encoding="utf-8")
+    tokenizer_files.write_byte_level_folder(Path(path), "qwen2", template)
+    size = len(kzoo.models.hf_tokenizer.load_tokenizer(path, {"model_type": "qwen3"}).get_vocabulary())
+    hf_folders.write_decoder(Path(path), "qwen3", vocab_size=size, max_position_embeddings=256)
+
+
+def _chat_batches(folder):
+    """One batch of a chat: x, the next tokens y, and weights 1 on the reply's tokens."""
+    lm_tokenizer = kzoo.models.CausalLM.from_preset(folder).tokenizer
+    messages = [{"role": "user", "content": "Name a colour."}]
+    prompt = lm_tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    full = lm_tokenizer.apply_chat_template(messages + [{"role": "assistant", "content": "Blue."}], tokenize=True)
+    ids = np.array([full], "int32")
+    weights = (np.arange(len(full) - 1) >= len(prompt) - 1).astype("float32")[None]
+    x = {"token_ids": ids[:, :-1], "padding_mask": np.ones_like(ids[:, :-1])}
+    return tf.data.Dataset.from_tensors((x, ids[:, 1:], weights))
+
+
 # What a README block leaves to the reader, keyed by a line of the block: folders made before
 # it runs (`{path: make(path)}`) and names it uses without defining them (`{name: make()}`).
 README_SETUP = {
+    'lm = kzoo.models.CausalLM.from_preset("path/to/qwen3-folder")      # any of the model types above': dict(
+        folders={"path/to/qwen3-folder": _hf_qwen3_folder},
+        names={"chat_batches": lambda: _chat_batches("path/to/qwen3-folder")},
+    ),
     'classifier = kzoo.models.BertClassifier.from_preset("path/to/bert-folder", num_classes=2)': dict(
         folders={"path/to/bert-folder": _hf_bert_folder},
         names={"batches": lambda: _review_batches("path/to/bert-folder")},
@@ -235,6 +262,13 @@ README_SETUP = {
 README_SKIPPED = {}
 # What the README says a line gives, keyed by the line: a check of the value of its expression.
 README_CHECKS = {
+    (
+        'lm.chat([{"role": "user", "content": "What is the capital of France? Answer in one sentence."}])'
+        "  # 'The capital of France is Paris.'"
+    ): (lambda value: value == "The capital of France is Paris." or pytest.fail(repr(value))),
+    "tuple(block(keras.random.normal((2, 16, 512))).shape)  # (2, 16, 512)": (
+        lambda value: value == (2, 16, 512) or pytest.fail(repr(value))
+    ),
     "keras.ops.matmul(keras.ops.stack(documents), query)  # cosine similarities: 0.755, 0.247, -0.017": (
         lambda value: np.testing.assert_allclose(keras.ops.convert_to_numpy(value), [0.755, 0.247, -0.017], atol=5e-4)
     ),

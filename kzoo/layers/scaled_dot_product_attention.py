@@ -5,6 +5,9 @@ from keras import ops
 from kzoo import ops as kzoo_ops
 from kzoo.validation import check_rate
 
+# Up to this many queries (a decoding step's, grouped-query heads included), scores are K q^T.
+FEW_QUERIES = 16
+
 
 def scaled_dot_product_attention(
     query,
@@ -64,10 +67,11 @@ def scaled_dot_product_attention(
         raise ValueError(f"`soft_cap` must be None or a number > 0; received soft_cap={soft_cap!r}.")
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
-    if query.shape[-2] == 1:
-        # One query (a decoding step): K q^T reads the keys in their stored
-        # (T_k, d_k) layout; q K^T would have XLA copy them transposed on
-        # every step.
+    if query.shape[-2] is not None and query.shape[-2] <= FEW_QUERIES:
+        # A decoding step (one query per head, or the few heads of a
+        # key/value group stacked): K q^T reads the keys in their stored
+        # (T_k, d_k) layout; q K^T would have XLA copy the whole cache
+        # transposed on every step.
         scores = ops.swapaxes(ops.matmul(key, ops.swapaxes(query, -1, -2)), -1, -2)
     else:
         scores = ops.matmul(query, ops.swapaxes(key, -1, -2))  # (..., T_q, T_k)

