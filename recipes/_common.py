@@ -41,6 +41,7 @@ import importlib.resources
 import json
 import math
 import os
+import re
 import shutil
 import socket
 import sys
@@ -105,7 +106,8 @@ def parse_args(argv, recipe_file, description, defaults, quick, add_arguments=No
         recipe_file: the recipe's `__file__`; its name is the recipe's.
         description: the recipe's docstring, shown by `--help`.
         defaults: dict, flag dest -> default; must hold "preset", "epochs" and "batch_size"
-            ("steps" None means one pass over the training data per epoch).
+            ("steps" None means one pass over the training data per epoch); "mixed_precision"
+            defaults to False (see `fast_mixed_precision`).
         quick: dict, flag dest -> the value `--quick` uses.
         add_arguments: None or `f(parser)` adding the recipe's own flags, with no defaults.
         checkpoint_defaults: None or dict, flag dest -> the default when `--checkpoint` is given
@@ -133,7 +135,9 @@ def parse_args(argv, recipe_file, description, defaults, quick, add_arguments=No
         "--strategy", default="auto", choices=kzoo.training.STRATEGY_NAMES, help="see kzoo.training.get_strategy"
     )
     parser.add_argument(
-        "--mixed-precision", action="store_true", help="mixed_float16 on GPUs, mixed_bfloat16 on CPUs and TPUs"
+        "--mixed-precision",
+        action=argparse.BooleanOptionalAction,
+        help="mixed_float16 on GPUs, mixed_bfloat16 on CPUs and TPUs; --no-mixed-precision: float32",
     )
     parser.add_argument("--jit-compile", action="store_true", help="compile the training step with XLA")
     parser.add_argument(
@@ -157,6 +161,7 @@ def parse_args(argv, recipe_file, description, defaults, quick, add_arguments=No
     )
     if add_arguments is not None:
         add_arguments(parser)
+    defaults = {"mixed_precision": False, **defaults}
     for action in parser._actions:
         if action.dest in defaults:
             note = f"default: {defaults[action.dest]}"
@@ -187,6 +192,20 @@ def parse_args(argv, recipe_file, description, defaults, quick, add_arguments=No
     args.recipe = recipe
     args.parser = parser
     return args
+
+
+def fast_mixed_precision():
+    """Whether mixed precision speeds this host up: it has a GPU (float16), or a CPU with bfloat16
+    dot products (the AVX512_BF16 or AMX flags of Linux's /proc/cpuinfo). Elsewhere, as on
+    AVX2-only CPUs, bfloat16 is emulated and runs slower than float32. A recipe that defaults to
+    mixed precision where it pays sets `mixed_precision=fast_mixed_precision()` in its defaults."""
+    if tf.config.list_physical_devices("GPU"):
+        return True
+    try:
+        cpu = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    return re.search(r"\b(avx512_bf16|amx_bf16)\b", cpu) is not None
 
 
 def load(args, name, split, **kwargs):
@@ -702,10 +721,15 @@ def print_metrics(recipe, output_dir, record):
 
 
 def read_history(path):
-    """`history.csv` as `{column: [values]}`, numbers as floats."""
+    """`history.csv` as `{column: [values]}`, numbers as floats.
+
+    Keras' `CSVLogger` writes the validation columns of a run without validation too, each
+    value "NA": such columns are left out.
+    """
     with open(path, newline="") as file:
         rows = list(csv.DictReader(file))
-    return {key: [float(row[key]) for row in rows] for key in (rows[0] if rows else {})}
+    columns = [key for key in (rows[0] if rows else {}) if any(row[key] != "NA" for row in rows)]
+    return {key: [float(row[key]) for row in rows] for key in columns}
 
 
 def plot_histories(histories, steps_per_epoch, path, title=""):

@@ -17,6 +17,8 @@ _STREAM_NEEDED = (
 LATEST = "latest.weights.h5"
 PREVIOUS = "previous.weights.h5"
 _STATE_ATTRIBUTE = "kzoo_training_state"
+# The group of the weights file that holds the variables of the LoRA layers as they are (see `_lora_variables`).
+_LORA_GROUP = "kzoo_lora_variables"
 
 
 def is_chief(strategy):
@@ -40,7 +42,10 @@ class BackupAndRestore(keras.callbacks.Callback):
     - the state of the random layers (dropout's `SeedGenerator`s), which
       Keras does not save;
     - the running sums of the epoch's metrics, so the resumed epoch logs
-      what an uninterrupted one would.
+      what an uninterrupted one would;
+    - the variables of layers with LoRA on as they are: the frozen kernel
+      and the factors A and B (Keras saves such a kernel merged, W + A B,
+      and loads it with A = B = 0, from which no gradient reaches A or B).
 
     A backup never falls between an epoch's last batch and its end: the
     epoch's end (validation, the other callbacks' `on_epoch_end`, such as
@@ -236,6 +241,9 @@ class BackupAndRestore(keras.callbacks.Callback):
             self.model.save_weights(path)
             with h5py.File(path, "a") as file:
                 file.attrs[_STATE_ATTRIBUTE] = json.dumps(state)
+                lora = file.create_group(_LORA_GROUP)
+                for name, variable in _lora_variables(self.model).items():
+                    lora.create_dataset(name, data=keras.ops.convert_to_numpy(variable))
             latest = os.path.join(self.backup_dir, LATEST)
             if not local:
                 tf.io.gfile.copy(path, latest + ".partial", overwrite=True)
@@ -263,6 +271,9 @@ class BackupAndRestore(keras.callbacks.Callback):
                     continue  # Unreadable: the previous backup.
                 try:
                     self.model.load_weights(path)
+                    with h5py.File(path, "r") as file:
+                        for name, variable in _lora_variables(self.model).items():
+                            variable.assign(file[_LORA_GROUP][name][()])
                 except (ValueError, KeyError) as error:
                     raise ValueError(
                         f"The backup in {self.restore_dir} was written by another model or optimizer, and does not "
@@ -278,6 +289,22 @@ class BackupAndRestore(keras.callbacks.Callback):
         """The model's variables that are not weights: the `SeedGenerator` states of its random layers."""
         weights = {id(weight) for weight in self.model.weights}
         return [variable for variable in self.model.variables if id(variable) not in weights]
+
+
+def _lora_variables(model):
+    """`{path: variable}` of the layers with LoRA on: their kernel W and their A and B.
+
+    Keras saves such a layer's kernel merged, W + A B, and loads it back with A = B = 0 (what a
+    `.keras` file for inference needs). A run resumed from that would go on from a layer whose A
+    and B get no gradient: the backup keeps the three as they are.
+    """
+    layers = model._flatten_layers(include_self=False)
+    return {
+        variable.path: variable
+        for layer in layers
+        if getattr(layer, "lora_enabled", False)
+        for variable in layer.weights
+    }
 
 
 def _is_local(path):
