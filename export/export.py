@@ -38,7 +38,9 @@ def count(text):
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("model", help="the .keras file of a kzoo model")
+    parser.add_argument(
+        "model", help="the .keras file of a kzoo model, a GGUF file, or a preset with weights (smollm2_135m_instruct)"
+    )
     parser.add_argument("--out", required=True, help="the folder to create")
     parser.add_argument(
         "--formats",

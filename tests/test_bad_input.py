@@ -97,6 +97,11 @@ class Files:
         path.write_bytes(b"")
         return path
 
+    def _make_empty_gguf(self):
+        path = self.folder / "empty.gguf"
+        path.write_bytes(b"")
+        return path
+
     def _make_savedmodel(self):
         path = self.folder / "savedmodel"
         export.ServingSignatures(self.gpt).save(path)
@@ -329,6 +334,10 @@ CASES = [
      None, "`num_examples` must be an int >= 1; received num_examples=0."),
     ("export_api_max_length_0", lambda f, *_: export.export(f.gpt, f.folder / "out", max_length=0), export.ExportError,
      None, "`max_length` must be an int >= 1"),
+    ("export_api_gguf_not_gguf", lambda f, *_: export.export(f.empty_gguf, f.folder / "out"), export.ExportError,
+     None, "Could not load "),
+    ("export_api_not_a_model_file", lambda f, *_: export.export(f.empty_tflite, f.folder / "out"), export.ExportError,
+     None, "empty.tflite is not a .keras file (save the model with `model.save('model.keras')`) nor a GGUF file."),
     # Recipes (gpt_lm), training: flags, data and the output folder.
     ("recipe_negative_learning_rate", lambda f, t, d: recipe(t, d, "--learning-rate", "-1"), SystemExit, 2,
      "--learning-rate must be a positive finite number; received -1.0."),

@@ -36,6 +36,7 @@ from kzoo.export.serving_signatures import max_length_of
 from kzoo.export.serving_signatures import seq2seq_special_ids
 from kzoo.export.serving_signatures import task_of
 from kzoo.export.serving_signatures import vocabulary_size_of
+from kzoo.models import CausalLM
 
 FORMATS = tuple(formats_lib.FORMATS)
 # Full integer int8 is opt-in: it needs calibration data, and how much it
@@ -97,7 +98,8 @@ def export(
     to the same path.
 
     Args:
-        model: a kzoo task model, or the path of its `.keras` file.
+        model: a kzoo task model, the path of its `.keras` file, or a causal LM checkpoint: a GGUF
+            file or a preset whose package installs its weights (`smollm2_135m_instruct`).
         output_dir: the folder to create.
         formats: iterable or comma-separated string of `FORMATS`; defaults
             to `DEFAULT_FORMATS` (all but the opt-in full integer "tflite_int8").
@@ -414,14 +416,25 @@ def _checked(function, *args, **kwargs):
 
 
 def _load_model(model):
-    """`(model, path or None)`; a path must be a `.keras` file holding a kzoo model."""
+    """`(model, path or None)`: a model, the path of a `.keras` file holding a kzoo model, or a
+    causal LM's checkpoint (a GGUF file, or a preset whose package installs its weights, such
+    as `smollm2_135m_instruct`), loaded with its tokenizer and chat template."""
+    from kzoo.models import presets
+
     if isinstance(model, keras.Model):
         return model, None
+    if "weights" in presets.PRESETS.get(str(model), {}) or str(model).endswith(".gguf"):
+        try:
+            return CausalLM.from_preset(str(model)), None
+        except (OSError, ValueError) as error:
+            raise ExportError(f"Could not load {model}: {error}") from error
     path = Path(model)
     if not path.is_file():
         raise ExportError(f"No model file at {path}.")
     if path.suffix != ".keras":
-        raise ExportError(f"{path} is not a .keras file; save the model with `model.save('model.keras')`.")
+        raise ExportError(
+            f"{path} is not a .keras file (save the model with `model.save('model.keras')`) nor a GGUF file."
+        )
     if not zipfile.is_zipfile(path):
         raise ExportError(f"{path} is not a valid .keras file (not a zip archive: truncated or corrupt?).")
     try:
