@@ -1,11 +1,12 @@
 """Exports a saved kzoo model for serving: SavedModel, TFLite and LiteRT-LM files, verified against Keras.
 
     python export/export.py MODEL.keras --out DIR
-        [--formats savedmodel,tflite_fp32,tflite_fp16,tflite_int8_dynamic,tflite_int8,litertlm]
+        [--formats savedmodel,tflite_fp32,tflite_fp16,tflite_int8_dynamic,tflite_int8,litertlm,litertlm_int4]
         [--representative-data NAME] [--overwrite]
 
 Writes DIR/savedmodel/, DIR/model_<precision>.tflite, for a causal LM with its tokenizer
-DIR/model.litertlm and DIR/model_int8.litertlm (run in LiteRT-LM by export/serve_litertlm.py),
+DIR/model.litertlm and DIR/model_int8.litertlm (run in LiteRT-LM by export/serve_litertlm.py;
+with `litertlm_int4` also DIR/model_int4.litertlm, int4 weights in blocks of 32),
 and DIR/export_report.json (sizes, max abs differences from Keras at lengths 1, 7 and full,
 quality deltas, latencies); see
 `kzoo.export.export`. Exits with status 1 and a message, leaving nothing at DIR, when the
@@ -44,8 +45,9 @@ def parse_args(argv):
     parser.add_argument("--out", required=True, help="the folder to create")
     parser.add_argument(
         "--formats",
-        help="comma-separated: savedmodel, tflite_fp32, tflite_fp16, tflite_int8_dynamic, tflite_int8, litertlm "
-        "(default: all but the opt-in full integer tflite_int8; litertlm for causal LMs with a tokenizer)",
+        help="comma-separated: savedmodel, tflite_fp32, tflite_fp16, tflite_int8_dynamic, tflite_int8, litertlm, "
+        "litertlm_int4 (default: all but the opt-in tflite_int8 and litertlm_int4; litertlm for causal LMs with a "
+        "tokenizer)",
     )
     parser.add_argument(
         "--representative-data",
@@ -78,7 +80,8 @@ def parse_args(argv):
         default=[],
         metavar="FORMAT=NATS",
         help="largest held-out cross-entropy increase allowed for a quantized format, e.g. tflite_int8=0.2 "
-        "(default: tflite_fp16=0.01, tflite_int8_dynamic=0.05, tflite_int8=0.1)",
+        "(default: tflite_fp16=0.01, tflite_int8_dynamic=0.05, tflite_int8=0.1, litertlm_int8=0.05, "
+        "litertlm_int4=0.15)",
     )
     parser.add_argument(
         "--compare-model-export", action="store_true", help="also report the size of Keras' model.export"

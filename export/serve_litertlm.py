@@ -2,15 +2,21 @@
 
     python export/serve_litertlm.py DIR/model.litertlm --prompt "ROMEO:"
         [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--greedy]
+    python export/serve_litertlm.py DIR/model.litertlm --chat [--system TEXT] [the same options]
 
-Prints the prompt, then the text as the runtime produces it; every flag is checked first
+Prints the prompt, then the text as the runtime produces it. With `--chat` (a bundle of a chat
+model, which carries its chat template), each line read from stdin is a user's message: the
+runtime renders the conversation so far with the template and streams the assistant's reply,
+to its end-of-turn token, on a line of its own; `--max-new-tokens` bounds each reply. Every
+flag is checked first every flag is checked first
 (exit status 2 and the flag's range for one out of range). The bundle carries its tokenizer
 and its default sampler (kzoo's: top-k, k = 5); the flags override the sampler, `--greedy`
 takes the most likely token each time (the text Keras' greedy `generate` gives). A
 translation bundle (`recipes/gpt_translate.py`'s model) takes its prompt as `english [SEP]`,
 e.g. `--prompt "How are you? [SEP]" --greedy`, and stops at [EOS]. Exits with
 status 1 and a message for a file that is not a bundle or is truncated, an empty prompt, or a
-prompt or `--max-new-tokens` that does not fit in the bundle's maximum number of tokens.
+prompt, conversation or `--max-new-tokens` that does not fit in the bundle's maximum number of
+tokens, or `--chat` with a bundle without a chat template.
 
 The runner, `kzoo/export/litertlm_model.py`, is loaded by its path: importing the `kzoo`
 package would import TensorFlow; this needs only the `litert-lm-api` and `litert-lm-builder`
@@ -57,7 +63,10 @@ def main(argv=None):
     runner = load_runner()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("bundle", help="a .litertlm file written by export/export.py")
-    parser.add_argument("--prompt", required=True, help="the text to continue")
+    task = parser.add_mutually_exclusive_group(required=True)
+    task.add_argument("--prompt", help="the text to continue")
+    task.add_argument("--chat", action="store_true", help="a conversation: one user message per line of stdin")
+    parser.add_argument("--system", help="with --chat: the system message that starts the conversation")
     parser.add_argument("--max-new-tokens", type=int, help="the most tokens to generate (default: all that fit)")
     parser.add_argument(
         "--temperature", type=option(runner, "temperature", float), help="sampling temperature (default: the bundle's)"
@@ -82,20 +91,48 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.greedy and args.top_k not in (None, 1):
         parser.error("--greedy is --top-k 1; leave out --top-k.")
+    if args.system is not None and not args.chat:
+        parser.error("--system goes with --chat.")
 
     top_k = 1 if args.greedy else args.top_k
     sampler = {"top_k": top_k, "top_p": args.top_p, "temperature": args.temperature, "seed": args.seed}
     try:
         model = runner.LiteRTLMModel(args.bundle, num_threads=args.num_threads)
-        model.check_request(args.prompt, args.max_new_tokens, **sampler)
-        print(args.prompt, end="", flush=True)
-        for text in model.stream(args.prompt, args.max_new_tokens, **sampler):
-            print(text, end="", flush=True)
-        print()
+        if args.chat:
+            chat(model, args.system, args.max_new_tokens, sampler)
+        else:
+            model.check_request(args.prompt, args.max_new_tokens, **sampler)
+            print(args.prompt, end="", flush=True)
+            for text in model.stream(args.prompt, args.max_new_tokens, **sampler):
+                print(text, end="", flush=True)
+            print()
     except (OSError, ValueError) as error:
         print(f"serve failed: {error}", file=sys.stderr)
         return 1
     return 0
+
+
+def chat(model, system, max_new_tokens, sampler):
+    """A conversation on stdin and stdout: each line a user's message, each reply streamed."""
+    if not model.metadata.jinja_prompt_template:
+        raise ValueError(f"{model.path.name} has no chat template: --chat needs the bundle of a chat model.")
+    messages = [{"role": "system", "content": system}] if system else []
+    interactive = sys.stdin.isatty()
+    while True:
+        if interactive:
+            print("> ", end="", flush=True)
+        line = sys.stdin.readline()
+        if not line:
+            return
+        if not line.strip():
+            continue
+        messages.append({"role": "user", "content": line.rstrip("\n")})
+        reply = []
+        for text in model.stream_chat(messages, max_new_tokens, **sampler):
+            print(text, end="", flush=True)
+            reply.append(text)
+        print(flush=True)
+        messages.append({"role": "assistant", "content": "".join(reply)})
 
 
 if __name__ == "__main__":

@@ -81,6 +81,22 @@ class Files:
         """A GPT carrying a character tokenizer: `generate` takes strings."""
         return kzoo.models.GPTCausalLM(build("gpt").backbone, tokenizer=kzoo.data.character_tokenizer(V))
 
+    def _make_chat_lm(self):
+        """A Llama carrying a byte-level BPE with a ChatML template: `chat` takes messages."""
+        from kzoo.models import hf_tokenizer
+        from tests.models import tokenizer_files
+
+        folder = tokenizer_files.write_byte_level_folder(self.folder / "chatml", "smollm", CHATML)
+        tokenizer, _ = hf_tokenizer.read_tokenizer_json(folder)
+        backbone = kzoo.models.DecoderBackbone.from_preset("llama_tiny", vocabulary_size=tokenizer.vocabulary_size())
+        return kzoo.models.CausalLM(backbone, tokenizer=tokenizer)
+
+    def _make_litertlm(self):
+        """The LiteRT-LM bundle of `text_gpt` (16 tokens, no chat template)."""
+        out = self.folder / "litertlm"
+        export.export(self.text_gpt, out, formats="litertlm", num_examples=2, latency_runs=1, generate_tokens=2)
+        return out / "model.litertlm"
+
     def _make_tflite(self):
         path = self.folder / "gpt.tflite"
         path.write_bytes(export.tflite_conversion.convert(export.ServingSignatures(self.gpt), "tflite_fp32"))
@@ -222,6 +238,17 @@ def serve(name, *argv):
     return script(name).main([str(argument) for argument in argv])
 
 
+def exit_status(status):
+    """A script's `main` status as the process would exit with it."""
+    raise SystemExit(status)
+
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
 # (id, call(files, tmp_path, tfds_dir), what it raises, the exit status for SystemExit, the message)
 CASES = [
     # generate(), compiled: the ids are checked on the host first.
@@ -315,6 +342,14 @@ CASES = [
      SystemExit, 2, "`max_length` (--max-length) (2) must be > the prompt length (2)"),
     ("serve_tflite_truncated_file", lambda f, *_: serve("serve_tflite", f.truncated_tflite, "--token-ids", "5,2"), SystemExit, 2,
      "truncated.tflite is not a valid TFLite file"),
+    # serve_litertlm.py and chats
+    ("serve_litertlm_prompt_longer_than_the_bundle",
+     lambda f, *_: exit_status(serve("serve_litertlm", f.litertlm, "--prompt", "x" * 20)), SystemExit, 1,
+     "serve failed: The prompt is 20 tokens long; model.litertlm takes at most 16 tokens in all, so a prompt may have at most 15."),
+    ("serve_litertlm_chat_without_a_template", lambda f, *_: exit_status(serve("serve_litertlm", f.litertlm, "--chat")),
+     SystemExit, 1, "serve failed: model.litertlm has no chat template: --chat needs the bundle of a chat model."),
+    ("chat_message_without_a_role", lambda f, *_: f.chat_lm.chat([{"role": "system", "content": "Be brief."}, {"content": "Hi"}], max_new_tokens=2),
+     ValueError, None, "Message 1 has no 'role' (a string such as 'user')"),
     # serve_savedmodel.py
     ("serve_savedmodel_negative_id", lambda f, *_: serve("serve_savedmodel", f.savedmodel, "--token-ids", "-5,2"), SystemExit,
      2, "`token_ids` (--token-ids) must be in [0, 64)"),

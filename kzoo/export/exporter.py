@@ -43,7 +43,7 @@ FORMATS = tuple(formats_lib.FORMATS)
 # costs depends on the model (on random-weight seq2seq models it fails the
 # default quality bound), while the other formats verify on every model.
 # "litertlm" (LiteRT-LM bundles, fp32 and int8) is left out by default for
-# models other than causal LMs with a tokenizer.
+# models other than causal LMs with a tokenizer; "litertlm_int4" is opt-in too.
 DEFAULT_FORMATS = ("savedmodel", "tflite_fp32", "tflite_fp16", "tflite_int8_dynamic", "litertlm")
 REPORT_FILE = "export_report.json"
 # Rows compared with Keras at each checked length.
@@ -78,7 +78,8 @@ def export(
     on raw strings; see `ServingSignatures`), `model_<precision>.tflite` per TFLite format
     (builtin ops only; `prefill`/`decode` signatures for generation), for
     causal LMs with a tokenizer the LiteRT-LM bundles `model.litertlm` and
-    `model_int8.litertlm` (see `kzoo.export.litertlm`), and `export_report.json`. Each
+    `model_int8.litertlm` (see `kzoo.export.litertlm`; with the opt-in "litertlm_int4" also
+    `model_int4.litertlm`, int4 weights in blocks of 32), and `export_report.json`. Each
     artifact is run on held-out inputs and compared with the Keras model, as its format in
     `kzoo.export.formats` says: float32 files (SavedModel, tflite_fp32, litertlm) within
     `verification.fp32_tolerance` of Keras' logits at lengths 1, 7 and the full length, with

@@ -19,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from kzoo import logs
+from kzoo.export import litertlm
 from kzoo.export import verification
 from kzoo.export.litert_model import LiteRTModel
 from kzoo.export.litert_model import median_ms
@@ -181,10 +182,10 @@ class TFLiteFile(Format):
 
 
 class LiteRTLMBundle(Format):
-    """A `.litertlm` bundle of a causal LM with its tokenizer, its model converted as the
-    TFLite format `conversion`, checked in the LiteRT-LM runtime (`kzoo.export.litertlm.Bundles`):
-    the runtime's tokenizer gives Keras' ids, its greedy text is Keras' (float32; int8: the
-    agreement is reported), and its logits over held-out rows are within the float32 tolerance
+    """A `.litertlm` bundle of a causal LM with its tokenizer, its model made as `conversion`
+    (a key of `kzoo.export.litertlm.CONVERSIONS`), checked in the LiteRT-LM runtime (`kzoo.export.litertlm.Bundles`):
+    the runtime's tokenizer gives Keras' ids, its greedy text is Keras' (float32; int8 and int4:
+    the agreement is reported), and its logits over held-out rows are within the float32 tolerance
     or the quality bound."""
 
     def __init__(self, name, file_name, conversion):
@@ -193,6 +194,8 @@ class LiteRTLMBundle(Format):
     def refusal(self, context):
         if context.task != "causal_lm":
             reason = f"LiteRT-LM runs decoder-only language models (GPTCausalLM); this is a {context.task} model"
+        elif self.conversion == litertlm.INT4 and litertlm.int4_problem(context.model):
+            return f"{self.name}: {litertlm.int4_problem(context.model)}."
         elif context.tokenizer is None:
             reason = (
                 "a LiteRT-LM bundle needs the model's tokenizer: save it beside the model "
@@ -285,4 +288,7 @@ FORMATS = {
         LiteRTLMBundle("litertlm", "model.litertlm", "tflite_fp32"),
         LiteRTLMBundle("litertlm_int8", "model_int8.litertlm", "tflite_int8_dynamic"),
     ),
+    # Opt-in: the quantizer takes longer than the conversion, and a model must have dimensions
+    # that are multiples of the block.
+    "litertlm_int4": (LiteRTLMBundle("litertlm_int4", "model_int4.litertlm", litertlm.INT4),),
 }

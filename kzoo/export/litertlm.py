@@ -12,8 +12,9 @@ A bundle, packed with `litert-lm-builder`, holds three sections:
   `logits` `(1, 1, V)`; batch 1. The cache keeps kzoo's head-major layout
   `(1, heads, cache_length, head_dim)`: the CPU runtime never looks inside it.
 - the tokenizer as a Hugging Face `tokenizer.json` (`kzoo.data.tokenizer_json`);
-- `LlmMetadata`: start token, stop tokens, `max_num_tokens` (the cache length) and the
-  default sampler.
+- `LlmMetadata`: start token, stop tokens, `max_num_tokens` (the cache length), the
+  default sampler and, for a tokenizer with a chat template, that template as the runtime's
+  conversations render it (`runtime_chat_template`).
 
 How the runtime prefills: it splits a prompt of L tokens into chunks, the largest
 `prefill_<N>` while at least N tokens remain, then the smallest N that holds the rest; it
@@ -26,7 +27,10 @@ when a session prefills a second time, near the end of the cache) fails in the r
 instead of silently overwriting the cache.
 """
 
+import contextlib
 import dataclasses
+import io
+import json
 import tempfile
 import time
 from pathlib import Path
@@ -42,6 +46,17 @@ from kzoo.export.tflite_conversion import TFLITE_FORMATS
 from kzoo.export.tflite_conversion import convert
 from kzoo.export.tflite_conversion import op_census
 from kzoo.models import TiedLogits
+
+# How a bundle's model is made: a TFLite format of `tflite_conversion.convert`, or float32
+# converted, then quantized by Google's ai-edge-quantizer (`quantize_int4`).
+INT4 = "int4_blockwise32"
+INT4_BLOCK = 32
+CONVERSIONS = {
+    "tflite_fp32": TFLITE_FORMATS["tflite_fp32"],
+    "tflite_int8_dynamic": TFLITE_FORMATS["tflite_int8_dynamic"],
+    INT4: f"int4 weights in blocks of {INT4_BLOCK} along each input dimension, float32 activations quantized per "
+    "call (ai-edge-quantizer's dynamic_wi4b32_afp32)",
+}
 
 # Prefill chunk lengths, of which those that divide the cache length are used.
 DEFAULT_PREFILL_LENGTHS = (16, 64, 256)
@@ -156,6 +171,84 @@ def _decode(model, names, cache_specs):
     return tf.function(decode, input_signature=[*specs, *cache_specs])
 
 
+# Put before a checkpoint's chat template in a bundle: LiteRT-LM (0.18) hands the template each
+# message's content as typed parts, `[{"type": "text", "text": ...}]`, where checkpoints' templates
+# read a string; this joins the text parts back into one string first.
+_STRING_CONTENT = (
+    "{%- set kzoo_ns = namespace(messages=[]) -%}"
+    "{%- for message in messages -%}"
+    "{%- if message.content is string or message.content is not defined -%}"
+    "{%- set kzoo_ns.messages = kzoo_ns.messages + [message] -%}"
+    "{%- else -%}"
+    "{%- set kzoo_ns.messages = kzoo_ns.messages"
+    ' + [dict(message, content=message.content | map(attribute="text") | join)] -%}'
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- set messages = kzoo_ns.messages %}"
+)
+
+
+def runtime_chat_template(chat_template, special_tokens, start_token_id=None):
+    """A checkpoint's Jinja chat template as a bundle carries it (`jinja_prompt_template`), so
+    that LiteRT-LM's conversations render the prompt text transformers' `apply_chat_template`
+    renders.
+
+    The runtime renders with messages whose content is a list of typed parts and without the
+    tokenizer's special tokens; the template gets a preamble that turns the content back into
+    a string and defines the special tokens (`bos_token` only for a bundle without a start
+    token: with one, the runtime puts its id before the prompt itself, and a template that
+    writes `bos_token` renders without it, as in Google's own bundles).
+
+    Args:
+        chat_template: str, the Jinja template.
+        special_tokens: dict, e.g. `{"bos_token": "<s>", "eos_token": "</s>"}`.
+        start_token_id: the bundle's start token id, or None.
+    """
+    defined = "".join(
+        f"{{%- set {name} = {json.dumps(str(token))} -%}}"
+        for name, token in sorted(special_tokens.items())
+        if token is not None and name.isidentifier() and not (name == "bos_token" and start_token_id is not None)
+    )
+    return defined + _STRING_CONTENT + chat_template
+
+
+def bundle_model(signatures, conversion):
+    """The TFLite model of a bundle: `signatures` (`RuntimeSignatures`) made as `conversion`, a
+    key of `CONVERSIONS`."""
+    if conversion == INT4:
+        return quantize_int4(convert(signatures, "tflite_fp32"))
+    return convert(signatures, conversion)
+
+
+def quantize_int4(flatbuffer):
+    """A float32 TFLite model with int4 weights in blocks of `INT4_BLOCK`, by ai-edge-quantizer's
+    `dynamic_wi4b32_afp32` recipe (the scheme litert-torch recommends for decoders)."""
+    import ai_edge_quantizer
+    from ai_edge_quantizer import recipe
+
+    quantizer = ai_edge_quantizer.Quantizer(bytes(flatbuffer), recipe.dynamic_wi4b32_afp32())
+    # It prints a size summary and progress bars.
+    with logs.captured_stderr(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        return bytes(quantizer.quantize().quantized_model)
+
+
+def int4_problem(model):
+    """Why `model`'s weights cannot be cut into int4 blocks, or None: every input dimension of
+    its weight matrices (the width, the feed-forward width and the heads' width) must be a
+    multiple of `INT4_BLOCK`."""
+    backbone = model.backbone
+    dimensions = {
+        "hidden_dim": backbone.hidden_dim,
+        "intermediate_dim": backbone.intermediate_dim,
+        "num_heads x head_dim": backbone.num_heads * backbone.head_dim,
+    }
+    bad = {name: size for name, size in dimensions.items() if size % INT4_BLOCK}
+    if not bad:
+        return None
+    sizes = ", ".join(f"{name} = {size}" for name, size in bad.items())
+    return f"its weights are cut into blocks of {INT4_BLOCK}, and {sizes} is not a multiple of {INT4_BLOCK}"
+
+
 @dataclasses.dataclass
 class Sampler:
     """A bundle's default sampler (LiteRT-LM's `SamplerParameters`): `type` "GREEDY",
@@ -169,7 +262,7 @@ class Sampler:
     seed: int = 0
 
 
-def llm_metadata(max_num_tokens, stop_token_ids, start_token_id=None, sampler=None):
+def llm_metadata(max_num_tokens, stop_token_ids, start_token_id=None, sampler=None, chat_template=None):
     """The bundle's `LlmMetadata` proto.
 
     Args:
@@ -177,6 +270,8 @@ def llm_metadata(max_num_tokens, stop_token_ids, start_token_id=None, sampler=No
         stop_token_ids: non-empty list of ints (the runtime refuses a bundle without one).
         start_token_id: int put before every prompt, or None.
         sampler: a `Sampler`, by default top-k with k = 5.
+        chat_template: the tokenizer's Jinja chat template (`jinja_prompt_template`, which the
+            runtime's conversations render messages with), or None.
     """
     from litert_lm_builder.runtime.proto import llm_metadata_pb2
     from litert_lm_builder.runtime.proto import sampler_params_pb2
@@ -185,6 +280,8 @@ def llm_metadata(max_num_tokens, stop_token_ids, start_token_id=None, sampler=No
         raise ValueError("A LiteRT-LM bundle needs at least one stop token id.")
     sampler = sampler or Sampler()
     metadata = llm_metadata_pb2.LlmMetadata(max_num_tokens=int(max_num_tokens))
+    if chat_template:
+        metadata.jinja_prompt_template = chat_template
     if start_token_id is not None:
         metadata.start_token.token_ids.ids.append(int(start_token_id))
     for token in stop_token_ids:
@@ -262,7 +359,12 @@ class Bundles:
 
         self.exported = hugging_face_tokenizer(tokenizer)
         self.signatures = RuntimeSignatures(model, cache_length, lengths)
-        self.metadata = llm_metadata(cache_length, self.exported.stop_token_ids, self.exported.start_token_id)
+        chat_template = self.exported.chat_template and runtime_chat_template(
+            self.exported.chat_template, getattr(tokenizer, "special_tokens_map", {}), self.exported.start_token_id
+        )
+        self.metadata = llm_metadata(
+            cache_length, self.exported.stop_token_ids, self.exported.start_token_id, chat_template=chat_template
+        )
         self.cases = _generation_cases(model, tokenizer, token_ids, self.signatures, self.exported, generate_tokens)
         self.positions = min(cache_length, token_ids.shape[1])
         cut = slice(0, self.positions)
@@ -271,9 +373,9 @@ class Bundles:
         self.keras_cross_entropy = verification.quality(self.logits, self.targets, self.weights)["cross_entropy"]
         self.num_threads = num_threads
 
-    def write(self, path, tflite_format):
-        """Writes the bundle `path`, its model converted as `tflite_format` ("tflite_fp32",
-        "tflite_int8_dynamic"), and checks it.
+    def write(self, path, conversion):
+        """Writes the bundle `path`, its model made as `conversion` (a key of `CONVERSIONS`),
+        and checks it.
 
         Returns:
             The record: the file's `path` (its name), `size_bytes`, `tflite_bytes`,
@@ -283,7 +385,7 @@ class Bundles:
             `latency_ms`.
         """
         start = time.perf_counter()
-        flatbuffer = convert(self.signatures, tflite_format)
+        flatbuffer = bundle_model(self.signatures, conversion)
         write_bundle(path, flatbuffer, self.exported.tokenizer.to_str(), self.metadata)
         seconds = time.perf_counter() - start
         with logs.captured_stderr():  # LiteRT logs its CPU delegate
@@ -297,7 +399,7 @@ class Bundles:
             "path": path.name,
             "size_bytes": path.stat().st_size,
             "tflite_bytes": len(flatbuffer),
-            "description": TFLITE_FORMATS[tflite_format],
+            "description": CONVERSIONS[conversion],
             "prefill_lengths": list(self.signatures.prefill_lengths),
             "max_num_tokens": self.signatures.cache_length,
             "export_seconds": round(seconds, 2),

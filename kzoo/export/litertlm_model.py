@@ -154,47 +154,112 @@ class LiteRTLMModel:
             "seconds": seconds,
         }
 
+    def stream_chat(self, messages, max_new_tokens=None, **sampler):
+        """Yields the assistant's reply to a conversation as the runtime produces it.
+
+        The runtime renders the messages with the bundle's chat template (kzoo writes the
+        checkpoint's, `kzoo.export.litertlm.runtime_chat_template`: the prompt text
+        transformers' `apply_chat_template(messages, add_generation_prompt=True)` gives) and
+        generates until the template's end-of-turn token, which the reply does not include.
+        Each call prefills the whole conversation: after a reply cut short by `max_new_tokens`,
+        the runtime's own incremental conversation continues otherwise than the same
+        conversation rendered afresh, which is what Keras' `CausalLM.chat` answers.
+
+        Args:
+            messages: a list of `{"role": ..., "content": ...}` dicts with string contents
+                (a system message, user and assistant turns), ending with the user's.
+            max_new_tokens: int, the longest reply; defaults to all the room left in the
+                bundle's `max_num_tokens`.
+            **sampler: `stream`'s `top_k`, `top_p`, `temperature`, `seed`.
+
+        Raises:
+            ValueError: for a bundle without a chat template, a message that is not a dict
+                with a string "role" and "content", or a conversation that does not fit.
+        """
+        check_messages(messages)
+        check_options(**sampler)
+        if not self.metadata.jinja_prompt_template:
+            raise ValueError(f"{self.path.name} has no chat template: its model was exported without one.")
+        conversation = self.engine.create_conversation(
+            messages=[dict(message) for message in messages[:-1]], sampler_config=self._sampler(**sampler)
+        )
+        try:
+            prompt = conversation.render_message_to_string(dict(messages[-1]))
+            if not prompt:  # the runtime has logged the template's error
+                raise ValueError(f"The chat template of {self.path.name} does not render this conversation.")
+            max_new_tokens = self._check_room(len(self.tokenize(prompt)), max_new_tokens, "conversation")
+            for message in conversation.send_message_async(dict(messages[-1]), max_output_tokens=max_new_tokens):
+                yield str(message)
+        finally:
+            conversation.close()
+
+    def chat(self, messages, max_new_tokens=None, **sampler):
+        """The whole reply to `messages` (see `stream_chat`)."""
+        return "".join(self.stream_chat(messages, max_new_tokens, **sampler))
+
     def check_request(self, prompt, max_new_tokens=None, **sampler):
         """The number of new tokens a request gets; raises ValueError for a bad one (`sampler`:
         `stream`'s options)."""
         check_options(**sampler)
         if not isinstance(prompt, str) or not prompt:
             raise ValueError(f"The prompt must be a non-empty string; received {prompt!r}.")
-        length = len(self.start_token_ids) + len(self.tokenize(prompt))
+        return self._check_room(len(self.tokenize(prompt)), max_new_tokens, "prompt")
+
+    def _check_room(self, prompt_tokens, max_new_tokens, what):
+        """The new tokens a prompt of `prompt_tokens` (a `what`) gets; ValueError if none fit."""
+        length = len(self.start_token_ids) + prompt_tokens
         room = self.max_num_tokens - length
         if room < 1:
             raise ValueError(
-                f"The prompt is {length} tokens long; {self.path.name} takes at most {self.max_num_tokens} "
-                f"tokens in all, so a prompt may have at most {self.max_num_tokens - 1}."
+                f"The {what} is {length} tokens long; {self.path.name} takes at most {self.max_num_tokens} "
+                f"tokens in all, so a {what} may have at most {self.max_num_tokens - 1}."
             )
         if max_new_tokens is None:
             return room
-        if not 1 <= max_new_tokens <= room:
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or not 1 <= max_new_tokens <= room:
             raise ValueError(
-                f"`max_new_tokens` must be in [1, {room}]: the prompt's {length} tokens and the new ones must "
+                f"`max_new_tokens` must be in [1, {room}]: the {what}'s {length} tokens and the new ones must "
                 f"fit in the {self.max_num_tokens} tokens of {self.path.name}; received {max_new_tokens}."
             )
         return max_new_tokens
 
-    def _session(self, prompt, max_new_tokens, top_k=None, top_p=None, temperature=None, seed=None):
-        max_new_tokens = self.check_request(
-            prompt, max_new_tokens, top_k=top_k, top_p=top_p, temperature=temperature, seed=seed
+    def _session(self, prompt, max_new_tokens, **sampler):
+        max_new_tokens = self.check_request(prompt, max_new_tokens, **sampler)
+        return self.engine.create_session(
+            apply_prompt_template=False, sampler_config=self._sampler(**sampler), max_output_tokens=max_new_tokens
         )
+
+    def _sampler(self, top_k=None, top_p=None, temperature=None, seed=None):
         # Unset options come from the bundle's sampler: litert_lm would make them greedy.
         default = self.metadata.sampler_params
         greedy = default.type == default.GREEDY
-        sampler = self._litert_lm.SamplerConfig(
+        return self._litert_lm.SamplerConfig(
             top_k=top_k if top_k is not None else (1 if greedy else default.k or None),
             top_p=default.p if top_p is None else top_p,
             temperature=default.temperature if temperature is None else temperature,
             seed=default.seed if seed is None else seed,
         )
-        return self.engine.create_session(
-            apply_prompt_template=False, sampler_config=sampler, max_output_tokens=max_new_tokens
-        )
 
     def close(self):
         self.engine.close()
+
+
+def check_messages(messages):
+    """Raises ValueError naming the first message of a chat that is not a dict with a string
+    "role" and a string "content", or for a list that is empty or does not end with the user's."""
+    if isinstance(messages, (str, bytes, dict)) or not isinstance(messages, (list, tuple)) or not messages:
+        raise ValueError(
+            f"`messages` must be a non-empty list of {{'role', 'content'}} dicts; received {messages!r:.80}."
+        )
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise ValueError(f"Message {index} must be a dict with a 'role' and a 'content'; received {message!r:.80}.")
+        if not isinstance(message.get("role"), str):
+            raise ValueError(f"Message {index} has no 'role' (a string such as 'user'): {message!r:.80}.")
+        if not isinstance(message.get("content"), str):
+            raise ValueError(f"Message {index} (role {message['role']!r}) has no 'content' string: {message!r:.80}.")
+    if messages[-1]["role"] != "user":
+        raise ValueError(f"The last message must be the user's; received role {messages[-1]['role']!r}.")
 
 
 def read_sections(path):

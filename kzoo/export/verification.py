@@ -9,8 +9,17 @@ FP32_TOLERANCE = 1e-4
 
 # Quantized artifacts: the largest increase of the held-out cross-entropy
 # (nats per target token or example) over Keras' allowed by default;
-# exp(bound) is the perplexity ratio (1.01, 1.05, 1.11).
-QUALITY_BOUNDS = {"tflite_fp16": 0.01, "tflite_int8_dynamic": 0.05, "tflite_int8": 0.10, "litertlm_int8": 0.05}
+# exp(bound) is the perplexity ratio (1.01, 1.05, 1.11, 1.16). int4 weights in blocks of 32
+# raised the main job's model (recipes/gpt_lm.py --short) by 0.021 nats on held-out Tiny
+# Shakespeare and by 0.122 on synthetic rows (targets: Keras' own argmax); its int8 bundle by
+# 0.001 and 0.002. 0.15 passes the int4 bundle of a trained model on either data.
+QUALITY_BOUNDS = {
+    "tflite_fp16": 0.01,
+    "tflite_int8_dynamic": 0.05,
+    "tflite_int8": 0.10,
+    "litertlm_int8": 0.05,
+    "litertlm_int4": 0.15,
+}
 
 # The short length checked besides 1 and the full length.
 SHORT_LENGTH = 7

@@ -365,7 +365,7 @@ def test_the_runtime_packages_are_pinned_to_the_installed_versions():
     extras = tomllib.loads((REPOSITORY / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     (self_extra,) = [requirement for requirement in extras["test"] if requirement.startswith("kzoo[")]
     assert "litertlm" in self_extra[len("kzoo[") : -1].split(",")
-    for package in ("litert-lm-api", "litert-lm-builder"):
+    for package in ("litert-lm-api", "litert-lm-builder", "ai-edge-quantizer"):
         (pin,) = [requirement for requirement in extras["litertlm"] if requirement.startswith(package + "==")]
         assert pin == f"{package}=={metadata.version(package)}"
 

@@ -1,0 +1,92 @@
+"""`litertlm_int4`: a LiteRT-LM bundle with int4 weights in blocks of 32 (Google's ai-edge-quantizer),
+within its quality bound of Keras in the runtime, and refused for a model that cannot be blocked."""
+
+import numpy as np
+import pytest
+from ai_edge_litert import schema_py_generated as schema
+
+from kzoo import data
+from kzoo import export
+from kzoo import models
+from kzoo.export import litertlm_model
+from kzoo.export import verification
+
+CACHE_LENGTH = 32
+
+
+def tiny_lm(hidden_dim, intermediate_dim=128):
+    backbone = models.DecoderBackbone(
+        vocabulary_size=128,
+        num_layers=2,
+        num_heads=2,
+        num_key_value_heads=1,
+        hidden_dim=hidden_dim,
+        intermediate_dim=intermediate_dim,
+        max_sequence_length=64,
+    )
+    return models.CausalLM(backbone, tokenizer=data.character_tokenizer(128))
+
+
+def tensor_types(flatbuffer):
+    """`{type name: bytes}` of the constant tensors of a TFLite model."""
+    model = schema.Model.GetRootAs(flatbuffer, 0)
+    names = {code: name for name, code in vars(schema.TensorType).items() if not name.startswith("_")}
+    sizes, seen = {}, set()
+    for g in range(model.SubgraphsLength()):
+        subgraph = model.Subgraphs(g)
+        for t in range(subgraph.TensorsLength()):
+            tensor = subgraph.Tensors(t)
+            size = model.Buffers(tensor.Buffer()).DataLength() or model.Buffers(tensor.Buffer()).Size()
+            if size and tensor.Buffer() not in seen:
+                seen.add(tensor.Buffer())
+                sizes[names[tensor.Type()]] = sizes.get(names[tensor.Type()], 0) + size
+    return sizes
+
+
+def test_the_int4_bundle_is_within_its_bound_in_the_runtime(tmp_path):
+    lm = tiny_lm(64)
+    report = export.export(
+        lm, tmp_path / "export", formats="litertlm_int4", cache_length=CACHE_LENGTH, num_examples=4, latency_runs=1
+    )
+    assert list(report["artifacts"]) == ["litertlm_int4"]
+    record = report["artifacts"]["litertlm_int4"]
+    bundle = tmp_path / "export" / "model_int4.litertlm"
+    assert record["path"] == bundle.name and bundle.stat().st_size == record["size_bytes"]
+    quality = record["quality"]
+    assert quality["bound"] == verification.QUALITY_BOUNDS["litertlm_int4"] == 0.15
+    assert quality["cross_entropy_increase"] <= quality["bound"]
+    assert 0.5 <= quality["top1_agreement"] < 1  # int4 changes some predictions, not most
+    assert 0 <= record["generation"]["token_agreement"] <= 1 and record["tokenizer"]["matches_keras"]
+    assert "ai-edge-quantizer" in record["description"]
+    # The weight matrices are int4: every FULLY_CONNECTED weight of the 2 x (4 + 3) projections.
+    flatbuffer = litertlm_model.read_tflite_model(bundle)
+    types = tensor_types(flatbuffer)
+    matrices = 2 * (64 * 64 + 2 * 64 * 32 + 3 * 64 * 128)  # q, k and v (one KV head), o; the feed-forward
+    assert types["INT4"] >= matrices // 2 and "CUSTOM" not in record["ops"]
+    # It runs in LiteRT-LM, and its logits are those of the quantized model, not Keras'.
+    runtime = litertlm_model.LiteRTLMModel(bundle)
+    try:
+        assert len(runtime.generate("ROMEO:", 8, top_k=1)) == 8
+    finally:
+        runtime.close()
+    rows = np.random.default_rng(0).integers(1, 128, (1, 16))
+    logits = litertlm_model.teacher_forced_logits(flatbuffer, rows[0])
+    keras_logits = np.asarray(lm({"token_ids": rows, "padding_mask": np.ones_like(rows)}))[0]
+    assert 0 < verification.max_abs_diff(logits, keras_logits) < 0.5 * np.abs(keras_logits).max()
+
+
+@pytest.mark.parametrize(
+    "hidden_dim, intermediate_dim, message",
+    [
+        (48, 128, "hidden_dim = 48, num_heads x head_dim = 48 is not a multiple of 32"),
+        (64, 100, "intermediate_dim = 100 is not a multiple of 32"),
+    ],
+)
+def test_int4_is_refused_for_dimensions_that_are_not_multiples_of_the_block(
+    tmp_path, hidden_dim, intermediate_dim, message
+):
+    with pytest.raises(
+        export.ExportError, match=f"litertlm_int4: its weights are cut into blocks of 32, and {message}"
+    ):
+        export.export(tiny_lm(hidden_dim, intermediate_dim), tmp_path / "export", formats="litertlm,litertlm_int4")
+    assert list(tmp_path.iterdir()) == []
