@@ -226,10 +226,49 @@ def quantize_int4(flatbuffer):
     import ai_edge_quantizer
     from ai_edge_quantizer import recipe
 
-    quantizer = ai_edge_quantizer.Quantizer(bytes(flatbuffer), recipe.dynamic_wi4b32_afp32())
+    quantizer = ai_edge_quantizer.Quantizer(embedding_lookups(flatbuffer), recipe.dynamic_wi4b32_afp32())
     # It prints a size summary and progress bars.
     with logs.captured_stderr(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         return bytes(quantizer.quantize().quantized_model)
+
+
+def embedding_lookups(flatbuffer):
+    """The TFLite model `flatbuffer` with its table lookups as EMBEDDING_LOOKUP ops: each GATHER
+    of rows (axis 0) of a constant 2-D table by 1-D ids. The two compute the same; the quantizer
+    stores an EMBEDDING_LOOKUP's table in int4, and leaves a GATHER's in float32, where a tied
+    table would stay in float32 beside its int4 copy (the output layer's), larger than the int8 file."""
+    import flatbuffers
+    from ai_edge_litert import schema_py_generated as schema
+
+    model = schema.ModelT.InitFromPackedBuf(flatbuffer, 0)
+    gathers = {
+        index
+        for index, code in enumerate(model.operatorCodes)
+        if max(code.builtinCode, code.deprecatedBuiltinCode) == schema.BuiltinOperator.GATHER
+    }
+    lookup = schema.OperatorCodeT()
+    lookup.builtinCode = lookup.deprecatedBuiltinCode = schema.BuiltinOperator.EMBEDDING_LOOKUP
+    lookup.version = 1
+    model.operatorCodes.append(lookup)
+    for subgraph in model.subgraphs:
+        for op in subgraph.operators:
+            if op.opcodeIndex not in gathers:
+                continue
+            table, ids = (subgraph.tensors[index] for index in op.inputs)
+            options = op.builtinOptions
+            if (
+                model.buffers[table.buffer].data is not None
+                and len(table.shape) == 2
+                and len(ids.shape) == 1
+                and options.axis == 0
+                and options.batchDims == 0
+            ):
+                op.opcodeIndex = len(model.operatorCodes) - 1
+                op.inputs = [op.inputs[1], op.inputs[0]]  # EMBEDDING_LOOKUP(ids, table)
+                op.builtinOptionsType, op.builtinOptions = schema.BuiltinOptions.NONE, None
+    builder = flatbuffers.Builder(len(flatbuffer) + 1024)
+    builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
+    return bytes(builder.Output())
 
 
 def int4_problem(model):

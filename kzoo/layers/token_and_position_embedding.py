@@ -100,7 +100,10 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
     def call(self, token_ids, start_index=0):
         check_sequence_length(token_ids.shape[-1], self.sequence_length, start_index)
         token_ids, valid = check_token_ids(token_ids, self.vocabulary_size, "token_ids")
-        x = self.token_embedding(token_ids)
+        # One lookup over the ids as a flat list: exported, a 1-D table lookup, which LiteRT has as
+        # EMBEDDING_LOOKUP, an op Google's quantizer can store in int4 (kzoo.export.litertlm).
+        x = self.token_embedding(ops.reshape(token_ids, (-1,)))
+        x = ops.reshape(x, (*ops.shape(token_ids), x.shape[-1]))
         # expand_dims, not [..., None]: see `kzoo.layers.masks.merge_masks`.
         x = ops.where(ops.expand_dims(valid, -1), x, float("nan"))
         if self.scale_embeddings:

@@ -58,11 +58,14 @@ def test_the_int4_bundle_is_within_its_bound_in_the_runtime(tmp_path):
     assert 0.5 <= quality["top1_agreement"] < 1  # int4 changes some predictions, not most
     assert 0 <= record["generation"]["token_agreement"] <= 1 and record["tokenizer"]["matches_keras"]
     assert "ai-edge-quantizer" in record["description"]
-    # The weight matrices are int4: every FULLY_CONNECTED weight of the 2 x (4 + 3) projections.
+    # The weights are int4: the 2 x (4 + 3) projections, and the tied token table, looked up (as
+    # EMBEDDING_LOOKUP) and read by the output layer: no float32 copy of it is left.
     flatbuffer = litertlm_model.read_tflite_model(bundle)
     types = tensor_types(flatbuffer)
     matrices = 2 * (64 * 64 + 2 * 64 * 32 + 3 * 64 * 128)  # q, k and v (one KV head), o; the feed-forward
-    assert types["INT4"] >= matrices // 2 and "CUSTOM" not in record["ops"]
+    table = 128 * 64
+    assert types["INT4"] >= (matrices + table) // 2 and types.get("FLOAT32", 0) < table * 4
+    assert record["ops"].get("EMBEDDING_LOOKUP") and "GATHER" not in record["ops"] and "CUSTOM" not in record["ops"]
     # It runs in LiteRT-LM, and its logits are those of the quantized model, not Keras'.
     runtime = litertlm_model.LiteRTLMModel(bundle)
     try:
