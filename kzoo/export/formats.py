@@ -286,7 +286,7 @@ FORMATS = {
     **{name: (TFLiteFile(name),) for name in TFLITE_FORMATS},
     "litertlm": (
         LiteRTLMBundle("litertlm", "model.litertlm", "tflite_fp32"),
-        LiteRTLMBundle("litertlm_int8", "model_int8.litertlm", "tflite_int8_dynamic"),
+        LiteRTLMBundle("litertlm_int8", "model_int8.litertlm", litertlm.INT8),
     ),
     # Opt-in: the quantizer takes longer than the conversion, and a model must have dimensions
     # that are multiples of the block.
