@@ -15,10 +15,10 @@ kzoo's exporter (`kzoo.export.export`) and Hugging Face checkpoint writer
 (`kzoo.models.hf_checkpoint.save`) write their folders through it.
 
 Example:
->>> with atomic_folder("/tmp/kzoo_example", overwrite=True) as staging:
+>>> with atomic_folder("example_folder", overwrite=True) as staging:
 ...     (staging / "weights.txt").write_text("1 2 3")
 5
->>> sorted(path.name for path in Path("/tmp/kzoo_example").iterdir())
+>>> sorted(path.name for path in Path("example_folder").iterdir())
 ['weights.txt']
 """
 

@@ -8,7 +8,10 @@ original Q4_1 GGUF, in one run, beside any kzoo bundles given.
 4. `--rounds` rounds, each running every bundle once in LiteRT-LM (`runtime_speed`: 256-token
    prefill, 128 decode steps, 2 threads) and llama.cpp once on the Q4_1 GGUF (same prompt
    length, steps and threads), after waiting up to a minute for the other processes to quiet
-   down; medians over the rounds.
+   down; medians over the rounds;
+5. the floor of each bundle's decode step: its model's bytes (the weights at their precision)
+   plus the KV cache's (float32, every slot: a decode step attends over the whole cache), read
+   once at the bandwidth a TensorFlow sum reads in this process.
 
     python -m benchmarks.peers [--bundle "kzoo int8=export/model_int8.litertlm" ...] [--rounds 3] \
         [--litert-torch-json peers.json] [--out peers_run.json]
@@ -80,6 +83,30 @@ def speeds(bundles, gguf, rounds):
     }
 
 
+def kv_cache_bytes(folder, slots):
+    """Bytes of a float32 key and value cache of `slots` positions for the checkpoint in `folder`."""
+    config = json.loads((Path(folder) / "config.json").read_text())
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    return 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim * slots * 4
+
+
+def floors(bundles, folder, speed):
+    """Each bundle's decode floor in tokens/s and its decode rate over it (`speeds`' medians)."""
+    from benchmarks.litertlm import read_bandwidth
+
+    step_bytes = {}
+    for name, record in bundles.items():
+        model = max(section["bytes"] for section in record["sections"] if "TFLite" in section["type"])
+        step_bytes[name] = model + kv_cache_bytes(folder, record["max_num_tokens"])
+    bandwidth = read_bandwidth(max(step_bytes.values()))
+    rows = {}
+    for name, size in step_bytes.items():
+        floor = bandwidth / size
+        rate = speed[name]["median"]["decode_tokens_per_second"]
+        rows[name] = {"step_bytes": size, "floor_tokens_per_second": floor, "decode_over_floor": rate / floor}
+    return {"read_bandwidth_bytes_per_second": bandwidth, "bundles": rows}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--folder", help="kzoo's Hugging Face folder of SmolLM2 (default: written here)")
@@ -111,6 +138,7 @@ def main():
             "llama_cpp_chat": peers.llama_cpp_bench(gguf, "--repeats", 0, "--chat", CHAT)["chat"],
             "speed": speeds(bundles, gguf, args.rounds),
         }
+        results["floor"] = floors(results["bundles"], folder, results["speed"])
     for record in results["bundles"].values():
         record["chat_template"] = record["chat_template"] is not None
     return report("peers", results, args.out)

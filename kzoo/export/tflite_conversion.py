@@ -52,6 +52,10 @@ def convert(signatures, tflite_format, representative_dataset=None, generation=T
     variables.model_variables = list(signatures.variables)
     converter = tf.lite.TFLiteConverter.from_concrete_functions(signatures.tflite_functions(generation), variables)
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+    if signatures.tied_embeddings:
+        # The converter folds a norm's scale into the next layer's weights; folded into a tied
+        # token table, it makes the output projection a second table beside the lookup's.
+        converter._experimental_disable_fuse_mul_and_fc = True
     if tflite_format != "tflite_fp32":
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
         if signatures.tied_embeddings:

@@ -8,6 +8,7 @@ from ai_edge_litert import schema_py_generated as schema
 from kzoo import data
 from kzoo import export
 from kzoo import models
+from kzoo.export import litertlm
 from kzoo.export import litertlm_model
 from kzoo.export import verification
 
@@ -76,6 +77,19 @@ def test_the_int4_bundle_is_within_its_bound_in_the_runtime(tmp_path):
     logits = litertlm_model.teacher_forced_logits(flatbuffer, rows[0])
     keras_logits = np.asarray(lm({"token_ids": rows, "padding_mask": np.ones_like(rows)}))[0]
     assert 0 < verification.max_abs_diff(logits, keras_logits) < 0.5 * np.abs(keras_logits).max()
+
+
+def test_a_tied_token_table_is_stored_once_in_float32():
+    # TensorFlow's converter folds a norm's scale into the weights read next: into the tied
+    # table, that made the output projection a second table. Random norm scales (ones would
+    # fold into the same bytes, which the converter stores once) show it.
+    lm = tiny_lm(64)
+    rng = np.random.default_rng(0)
+    for weight in lm.weights:
+        weight.assign(rng.normal(0, 0.2, weight.shape))
+    flatbuffer = litertlm.bundle_model(litertlm.RuntimeSignatures(lm, CACHE_LENGTH), "tflite_fp32")
+    table = 128 * 64 * 4
+    assert lm.count_params() * 4 <= tensor_types(flatbuffer)["FLOAT32"] < lm.count_params() * 4 + table // 2
 
 
 @pytest.mark.parametrize(

@@ -51,25 +51,33 @@ def saved_gpt(tmp_path_factory):
     """`saved_gpt(kind) -> path`: a tiny GPT carrying a tokenizer of `kind`, saved once."""
     paths = {}
 
-    def get(kind):
-        if kind not in paths:
+    def get(kind, hidden_dim=16):
+        if (kind, hidden_dim) not in paths:
             tokenizer = TOKENIZERS[kind]()
-            backbone = build("gpt", vocabulary_size=tokenizer.vocabulary_size(), max_sequence_length=MAX_LENGTH)
-            paths[kind] = tmp_path_factory.mktemp(kind) / "model.keras"
-            models.GPTCausalLM(backbone.backbone, tokenizer=tokenizer).save(paths[kind])
-        return paths[kind]
+            backbone = build(
+                "gpt",
+                vocabulary_size=tokenizer.vocabulary_size(),
+                max_sequence_length=MAX_LENGTH,
+                hidden_dim=hidden_dim,
+                intermediate_dim=2 * hidden_dim,
+            )
+            path = tmp_path_factory.mktemp(kind) / "model.keras"
+            models.GPTCausalLM(backbone.backbone, tokenizer=tokenizer).save(path)
+            paths[kind, hidden_dim] = path
+        return paths[kind, hidden_dim]
 
     return get
 
 
 # Every (kind, format). A TFLite file holds no tokenizer, so only byte-level BPE (whose lookup
-# tables once ended up in the TFLite graph) runs them by default; the rest are slow.
+# tables once ended up in the TFLite graph) runs them by default; the rest are slow. So is the
+# int4 bundle but for BPE: it carries the tokenizer as the float32 bundle does.
 PAIRS = [
     pytest.param(
         kind,
         format,
         id=f"{kind}-{format}",
-        marks=[pytest.mark.slow] * (format.startswith("tflite") and kind != "gpt2_bpe"),
+        marks=[pytest.mark.slow] * (format.startswith(("tflite", "litertlm_int4")) and kind != "gpt2_bpe"),
     )
     for kind in TOKENIZERS
     for format in export.FORMATS
@@ -78,7 +86,8 @@ PAIRS = [
 
 @pytest.mark.parametrize("kind, format", PAIRS)
 def test_every_tokenizer_kind_exports_to_every_format(kind, format, saved_gpt, tmp_path):
-    path = saved_gpt(kind)
+    # int4 weights come in blocks of 32: the smallest width that can be cut into them.
+    path = saved_gpt(kind, hidden_dim=32 if format == "litertlm_int4" else 16)
     out = tmp_path / "export"
     report = export.export(
         path,
@@ -88,8 +97,9 @@ def test_every_tokenizer_kind_exports_to_every_format(kind, format, saved_gpt, t
         num_representative=4,
         generate_tokens=6,
         latency_runs=1,
-        # Random weights: full integer int8 is far from float on them; the bound is not the point here.
-        quality_bounds={"tflite_int8": 10.0},
+        # Random weights: full integer int8 and int4 are far from float on them; the bound is not
+        # the point here.
+        quality_bounds={"tflite_int8": 10.0, "litertlm_int4": 10.0},
     )
     lm = keras.saving.load_model(path)
     tokenizer = lm.tokenizer
@@ -103,11 +113,13 @@ def test_every_tokenizer_kind_exports_to_every_format(kind, format, saved_gpt, t
         )["text"][0]
         expected = lm.generate([ids], max_length=len(ids) + 5, jit_compile=False)[0]
         assert export.verification.text(text) == export.verification.text(tokenizer.detokenize(expected))
-    elif format == "litertlm":
-        for name in ("litertlm", "litertlm_int8"):
+    elif format.startswith("litertlm"):
+        names = ["litertlm_int4"] if format == "litertlm_int4" else ["litertlm", "litertlm_int8"]
+        for name in names:
             assert report["artifacts"][name]["tokenizer"]["matches_keras"]
-        assert report["artifacts"]["litertlm"]["generation"]["matches_keras"]
-        runtime = litertlm_model.LiteRTLMModel(out / "model.litertlm")
+        if format == "litertlm":
+            assert report["artifacts"]["litertlm"]["generation"]["matches_keras"]
+        runtime = litertlm_model.LiteRTLMModel(out / report["artifacts"][names[0]]["path"])
         try:
             assert runtime.tokenize(PROMPT) == ids
         finally:
