@@ -141,8 +141,10 @@ def main(argv=None):
     args = parse_args(argv)
     if args.verbose:  # before kzoo imports TensorFlow: kzoo.logs leaves a level that is set alone
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0")
+    import kzoo
     from kzoo import export as kzoo_export
 
+    kzoo.logs.quiet(args.verbose)  # the Python loggers (tensorflow-datasets' notes) and known warnings
     try:
         report = kzoo_export.export(
             args.model,

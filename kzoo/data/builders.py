@@ -16,6 +16,7 @@ import inspect
 import io
 
 import tensorflow_datasets as tfds
+from tensorflow_datasets.core.utils import tqdm_utils
 
 from kzoo.data import corpora
 
@@ -95,9 +96,15 @@ class CorpusBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
             print(f"Preparing {self.name} again into {self.data_dir}: its corpus files changed")
         elif not prepared:
             print(f"Preparing {self.name} from its corpus files into {self.data_dir} (on first use only)")
-        # In place of tensorflow-datasets' lines, which announce a download of unknown size.
-        with contextlib.redirect_stdout(io.StringIO()):
-            super().download_and_prepare(download_dir=download_dir, download_config=download_config, **kwargs)
+        # In place of tensorflow-datasets' lines, which announce a download of unknown size, and of
+        # its progress bars (the caller's setting is restored after).
+        bars = getattr(tqdm_utils, "_active", True)  # tfds has no getter
+        tfds.display_progress_bar(False)
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                super().download_and_prepare(download_dir=download_dir, download_config=download_config, **kwargs)
+        finally:
+            tfds.display_progress_bar(bars)
 
     def _split_generators(self, dl_manager):
         self.info.metadata["source_sha256"] = self.source_checksum()

@@ -295,7 +295,12 @@ def int4_problem(model):
 class Sampler:
     """A bundle's default sampler (LiteRT-LM's `SamplerParameters`): `type` "GREEDY",
     "TOP_K" or "TOP_P", with `k`, `p`, `temperature` and `seed`. The default, top-k with
-    k = 5, is near-greedy, as `recipes/gpt_lm.py` samples."""
+    k = 5, is near-greedy, as `recipes/gpt_lm.py` samples.
+
+    The runtime's CPU sampler is its TOP_P one, top-k then top-p: a bundle whose default is
+    TOP_K or GREEDY fails in every caller that takes the bundle's sampler ("Sampler type not
+    implemented yet": Google's command-line tool, its benchmark) and works only where the
+    caller sets one. `llm_metadata` writes them as TOP_P: top-k as p = 1, greedy as k = 1."""
 
     type: str = "TOP_K"
     k: int = 5
@@ -311,7 +316,7 @@ def llm_metadata(max_num_tokens, stop_token_ids, start_token_id=None, sampler=No
         max_num_tokens: int, prompt and generated tokens together (the cache length).
         stop_token_ids: non-empty list of ints (the runtime refuses a bundle without one).
         start_token_id: int put before every prompt, or None.
-        sampler: a `Sampler`, by default top-k with k = 5.
+        sampler: a `Sampler`, by default top-k with k = 5 (written as the runtime's TOP_P).
         chat_template: the tokenizer's Jinja chat template (`jinja_prompt_template`, which the
             runtime's conversations render messages with), or None.
     """
@@ -328,9 +333,12 @@ def llm_metadata(max_num_tokens, stop_token_ids, start_token_id=None, sampler=No
         metadata.start_token.token_ids.ids.append(int(start_token_id))
     for token in stop_token_ids:
         metadata.stop_tokens.add().token_ids.ids.append(int(token))
+    if sampler.type not in ("GREEDY", "TOP_K", "TOP_P"):
+        raise ValueError(f"Unknown sampler type {sampler.type!r}; known: 'GREEDY', 'TOP_K', 'TOP_P'.")
     parameters = metadata.sampler_params
-    parameters.type = sampler_params_pb2.SamplerParameters.Type.Value(sampler.type)
-    parameters.k, parameters.p = sampler.k, sampler.p
+    parameters.type = sampler_params_pb2.SamplerParameters.TOP_P
+    parameters.k = 1 if sampler.type == "GREEDY" else sampler.k
+    parameters.p = sampler.p if sampler.type == "TOP_P" else 1.0
     parameters.temperature, parameters.seed = sampler.temperature, sampler.seed
     return metadata
 

@@ -317,7 +317,7 @@ def _generation_functions(model, names, cache_length):
     @tf.function(input_signature=[_ids_spec(name, 1) for name in prefill_names])
     def prefill(*inputs):
         *context, prompt = inputs
-        logits, state = model.prefill(prompt, cache_length, **dict(zip(context_names, context)))
+        logits, state = model.prefill(prompt, cache_length, last_only=True, **dict(zip(context_names, context)))
         return {"logits": logits[:, -1], **state}
 
     specs = state_specs(prefill)

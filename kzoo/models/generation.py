@@ -1,7 +1,8 @@
 """The shared `generate()` machinery of the language models.
 
 A generating task has one serving interface: `prefill(token_ids, cache_length,
-**context) -> (logits, state)` runs a prompt into a new decoding state and
+**context, last_only=False) -> (logits, state)` runs a prompt into a new decoding state
+(with `last_only`, the last position's logits alone: all that generation reads) and
 `decode(token_ids, state, index) -> (logits, state)` runs more tokens against it,
 where `state` is a dict of named tensors (the KV cache). `decode_loop` runs them
 under a sampler; Keras `generate` (here) and the SavedModel's `generate` signature
@@ -212,7 +213,7 @@ def decode_loop(model, sampler, token_ids, prompt_mask, prefill, stop_token_ids,
     Returns:
         `(token_ids (B, L), generated (B, L) bool)`.
     """
-    logits, state = model.prefill(token_ids[:, :prefill], ops.shape(token_ids)[1], **(context or {}))
+    logits, state = model.prefill(token_ids[:, :prefill], ops.shape(token_ids)[1], last_only=True, **(context or {}))
 
     def step(token, state, index):
         logits, state = model.decode(token, state, index)

@@ -83,3 +83,15 @@ def test_a_changed_corpus_is_prepared_again_never_read_stale(tfds_dir, write_cor
         text()
     other = write_corpus({"other/tinyshakespeare/input.txt": "HAMLET: c" * 10}) / "other"
     assert text(source_dir=other) == ("HAMLET: c" * 10).encode()[:81]
+
+
+def test_preparing_prints_kzoo_s_line_alone(tfds_dir, write_corpus, capsys):
+    source = write_corpus({"tinyshakespeare/input.txt": "ROMEO: a" * 10})
+    load("kzoo_tiny_shakespeare", "train", tfds_dir / "quiet", source_dir=source)
+    captured = capsys.readouterr()
+    assert captured.out.splitlines() == [
+        f"Preparing kzoo_tiny_shakespeare from its corpus files into {tfds_dir / 'quiet'}"
+        "/kzoo_tiny_shakespeare/1.0.0 (on first use only)"
+    ]
+    assert "examples" not in captured.err  # tensorflow-datasets' progress bars
+    assert tfds.core.utils.tqdm_utils._active  # the caller's setting is left as it was

@@ -141,7 +141,38 @@ def test_metadata(exported):
     assert [list(token.token_ids.ids) for token in metadata.stop_tokens] == [[0]]
     assert not metadata.HasField("start_token")
     sampler = metadata.sampler_params
-    assert (sampler.type, sampler.k, sampler.temperature) == (sampler.TOP_K, 5, 1.0)
+    # Top-k 5, as the runtime's CPU sampler takes it: TOP_P with p = 1.
+    assert (sampler.type, sampler.k, sampler.p, sampler.temperature) == (sampler.TOP_P, 5, 1.0, 1.0)
+
+
+def test_the_runtime_s_own_benchmark_runs_the_bundle_with_its_default_sampler(exported):
+    # Google's tools take the bundle's sampler; one the runtime cannot build decodes nothing.
+    import litert_lm
+
+    info = litert_lm.Benchmark(
+        model_path=str(exported[0] / "export" / "model.litertlm"),
+        backend=litert_lm.Backend.CPU(thread_count=1),
+        prefill_tokens=8,
+        decode_tokens=8,
+        cache_dir=":nocache",
+        prompt="ROMEO: But soft, what light",
+    ).run()
+    assert (info.last_prefill_token_count, info.last_decode_token_count) == (8, 8)
+
+
+@pytest.mark.parametrize(
+    "sampler, written",
+    [
+        (litertlm.Sampler(), (5, 1.0)),
+        (litertlm.Sampler(type="GREEDY"), (1, 1.0)),
+        (litertlm.Sampler(type="TOP_P", k=40, p=0.9), (40, 0.9)),
+    ],
+)
+def test_every_default_sampler_is_written_as_the_runtime_s_top_p(sampler, written):
+    parameters = litertlm.llm_metadata(16, [0], sampler=sampler).sampler_params
+    assert parameters.type == parameters.TOP_P and (parameters.k, round(parameters.p, 6)) == written
+    with pytest.raises(ValueError, match="Unknown sampler type 'BEAM'"):
+        litertlm.llm_metadata(16, [0], sampler=litertlm.Sampler(type="BEAM"))
 
 
 def test_int8_bundle_is_smaller_and_its_change_is_reported(exported):

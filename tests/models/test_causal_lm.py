@@ -130,3 +130,14 @@ def test_lora_trains_its_weights_only_and_int8_stays_close(name, tmp_path):
     assert np.abs(quantized - after).max() < 0.1 * np.abs(after).max()
     merged.save(tmp_path / "int8.keras")
     np.testing.assert_array_equal(np.asarray(keras.saving.load_model(tmp_path / "int8.keras")(x)), quantized)
+
+
+def test_a_prefill_for_generation_gives_the_last_position_s_logits_alone():
+    lm = causal_lm("llama")
+    ids = token_ids(np.random.default_rng(3), batch=2, length=6)
+    full, state = lm.prefill(ids, cache_length=8)
+    last, last_state = lm.prefill(ids, cache_length=8, last_only=True)
+    assert tuple(last.shape) == (2, 1, lm.backbone.vocabulary_size)
+    np.testing.assert_allclose(np.asarray(last), np.asarray(full)[:, -1:], atol=1e-6)
+    for name, tensor in state.items():
+        np.testing.assert_array_equal(np.asarray(last_state[name]), np.asarray(tensor))

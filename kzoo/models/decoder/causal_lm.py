@@ -77,13 +77,16 @@ class CausalLM(Task):
     def default_metrics(self):
         return super().default_metrics() + [Perplexity()]
 
-    def prefill(self, token_ids, cache_length):
+    def prefill(self, token_ids, cache_length, last_only=False):
         """The serving interface's first half: runs the prompt into a new decoding state.
 
         Args:
             token_ids: int tensor `(B, T)`, 1 <= T <= `cache_length`.
             cache_length: int, the positions of the KV cache (prompt and
                 generated tokens together).
+            last_only: bool, the logits of the last position alone `(B, 1, V)`:
+                what generation reads, and at a long prompt a large share of
+                the work saved (the output layer's `T x V` products).
 
         Returns:
             `(logits, state)`: float32 logits `(B, T, V)` and the state for
@@ -93,9 +96,9 @@ class CausalLM(Task):
             names are those of the exported files' state inputs and outputs.
         """
         caches = self.backbone.empty_cache(ops.shape(token_ids)[0], cache_length)
-        return self.decode(token_ids, generation.cache_state(caches), 0)
+        return self.decode(token_ids, generation.cache_state(caches), 0, last_only=last_only)
 
-    def decode(self, token_ids, state, index):
+    def decode(self, token_ids, state, index, last_only=False):
         """The serving interface's step: runs `token_ids` `(B, T)` at positions `[index, index + T)`.
 
         Each block writes the keys and values of the new tokens into the
@@ -108,6 +111,7 @@ class CausalLM(Task):
                 chunk of a longer prompt).
             state: the dict from `prefill` or from the previous `decode`.
             index: int or scalar int tensor, the position of `token_ids[:, 0]`.
+            last_only: bool, the logits of the last position alone `(B, 1, V)`.
 
         Returns:
             `(logits (B, T, V) float32, state)`.
@@ -120,6 +124,8 @@ class CausalLM(Task):
         (1, 1, 256)
         """
         hidden, caches = self.backbone.decode(token_ids, caches=generation.cache_pairs(state), cache_index=index)
+        if last_only:
+            hidden = hidden[:, -1:]
         return self.logits(hidden), dict(state, **generation.cache_state(caches))
 
     def split_generation_inputs(self, inputs):

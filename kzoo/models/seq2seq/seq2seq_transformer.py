@@ -66,7 +66,7 @@ class Seq2SeqTransformer(Task):
     def default_metrics(self):
         return super().default_metrics() + [Perplexity()]
 
-    def prefill(self, token_ids, cache_length, encoder_token_ids):
+    def prefill(self, token_ids, cache_length, encoder_token_ids, last_only=False):
         """The serving interface's first half: encodes the source and runs the target prompt.
 
         The encoder runs once; the cross-attention keys and values of its
@@ -77,6 +77,7 @@ class Seq2SeqTransformer(Task):
                 1 <= T <= `cache_length`.
             cache_length: int, the target positions of the self-attention cache.
             encoder_token_ids: int tensor `(B, S)`, the source; id 0 is padding.
+            last_only: bool, the logits of the last position alone `(B, 1, V)`.
 
         Returns:
             `(logits, state)`: float32 logits `(B, T, V)` and the state for
@@ -98,6 +99,8 @@ class Seq2SeqTransformer(Task):
             **generation.cache_state(cross_caches, prefix="cross_"),
             "encoder_padding_mask": ops.cast(encoder_padding_mask, "int32"),
         }
+        if last_only:
+            hidden_states = hidden_states[:, -1:]
         return self.lm_head(hidden_states), state
 
     def decode(self, token_ids, state, index):
