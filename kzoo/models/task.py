@@ -1,4 +1,5 @@
 import re
+import warnings
 
 import keras
 import numpy as np
@@ -255,7 +256,11 @@ class Task(MultiWorkerTrainerMixin, keras.Model):
         """
         if self.tokenizer is not None:
             filters = _excluding(self.tokenizer, filters)
-        super().quantize(mode, config=config, filters=filters, **kwargs)
+        with warnings.catch_warnings():
+            # Keras warns for each layer it leaves as it is: norms, positions and blocks, which hold
+            # no matrix of their own, are no problem of the user's.
+            warnings.filterwarnings("ignore", message=r"Layer \w+ does not have a `quantize` method implemented")
+            super().quantize(mode, config=config, filters=filters, **kwargs)
 
     def export_to_transformers(self, path):
         """Writes the task as a Hugging Face folder (`config.json`, `model.safetensors` and

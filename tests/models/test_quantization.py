@@ -232,3 +232,13 @@ def test_int8_quantization_of_task_models_with_a_tokenizer_reloads_with_it_in_a_
         model.save(tmp_path / f"{name}.keras")
     reloaded = run_fresh(_RELOAD_AND_RUN, tmp_path, json.dumps({name: TEXTS for name in tasks}))
     assert reloaded == expected
+
+
+def test_quantize_warns_about_no_layer_it_leaves_as_it_is():
+    # Keras warns for each layer without a `quantize` method: a decoder's norms and rotary positions.
+    lm = models.CausalLM.from_preset("llama_tiny")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        lm.quantize("int8")
+    assert [str(w.message) for w in caught if "quantize" in str(w.message)] == []
+    assert lm.backbone.transformer_blocks[0].self_attention.query_dense.quantization_mode == "int8"
