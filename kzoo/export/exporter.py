@@ -115,7 +115,8 @@ def export(
         data_dir: the tensorflow-datasets folder for `representative_data`
             (`kzoo.data.load`'s `data_dir`).
         max_length: int, the full sequence length checked; defaults to the
-            model's maximum (128 for models without a position table).
+            model's maximum (128 for models without a position table), or to
+            `cache_length` where that is shorter.
         cache_length: int, the TFLite KV cache positions; defaults to the
             model's maximum sequence length.
         num_examples: int, held-out rows (quality metrics).
@@ -190,7 +191,7 @@ class Context:
         self.cache_length = _checked(check_cache_length, self.model, settings.cache_length)
         self.prefill_lengths = _checked(litertlm.prefill_lengths, self.cache_length, settings.prefill_lengths)
         self.names = input_names(self.model)
-        self.max_length = _check_length(settings.max_length, self.model)
+        self.max_length = _check_length(settings.max_length, self.model, self.cache_length)
         self.tokenizer = getattr(self.model, "tokenizer", None)
         if self.tokenizer is None:  # a model saved before tasks carried their tokenizer: the file beside it
             folder = settings.tokenizer_dir or (self.path.parent if self.path else None)
@@ -444,9 +445,13 @@ def _load_model(model):
         raise ExportError(f"Could not load {path}: {type(error).__name__}: {error}") from error
 
 
-def _check_length(max_length, model):
+def _check_length(max_length, model, cache_length=None):
     limit = getattr(getattr(model, "backbone", None), "max_sequence_length", None)
     length = max_length_of(model) if max_length is None else max_length
+    if max_length is None and cache_length:
+        # What the files hold: a real checkpoint's table (8,192 positions) would make the Keras
+        # reference a (8,192 x vocabulary) pass per row, far beyond a cache the user asked for.
+        length = min(length, cache_length)
     if length < 1 or (limit is not None and length > limit):
         raise ExportError(f"`max_length` ({length}) must be in [1, {limit or 'inf'}].")
     return length

@@ -135,6 +135,10 @@ def test_a_prefill_chunk_past_the_cache_fails_instead_of_overwriting_it(exported
         prefill(**{**inputs, "input_pos": np.arange(20, 36, dtype=np.int32)})
 
 
+def test_the_checked_length_defaults_to_the_cache_where_it_is_shorter_than_the_model(exported):
+    assert exported[1]["checked_lengths"] == [1, 7, CACHE_LENGTH] and CACHE_LENGTH < MAX_LENGTH
+
+
 def test_metadata(exported):
     metadata = litertlm_model.read_metadata(exported[0] / "export" / "model.litertlm")
     assert metadata.max_num_tokens == CACHE_LENGTH
