@@ -301,7 +301,14 @@ class KerasReference:
         self.batch_one = {name: value[:1] for name, value in data.held_out.items()}
 
     def predict(self, inputs):
-        return keras.ops.convert_to_numpy(call_model(self.model, self.names, inputs))
+        try:
+            return keras.ops.convert_to_numpy(call_model(self.model, self.names, inputs))
+        except tf.errors.ResourceExhaustedError as error:
+            rows, length = next(iter(inputs.values())).shape[:2]
+            raise ExportError(
+                f"The Keras model ran out of memory on {rows} held-out rows of length {length}: pass a "
+                "smaller max_length (--max-length), cache_length (--cache-length) or num_examples (--num-examples)."
+            ) from error
 
     def compare(self, predict):
         """`max_abs_diff` and its `tolerance` per checked length, and the held-out `quality`, of

@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 from kzoo import export
+from kzoo.export import exporter
 from kzoo.export import formats
 from kzoo.export.serving_signatures import ServingSignatures
 from tests.export.tiny_models import build
@@ -176,4 +177,18 @@ def test_a_full_disk_is_named_and_nothing_is_written(saved_model, tmp_path, monk
     command = [str(saved_model), "--out", str(out), "--formats", format, "--num-examples", "2", "--latency-runs", "1"]
     assert export_command.main(command) == 1
     assert f"export failed: No space left on device: nothing was written to {out}." in capsys.readouterr().err
+    assert leftovers(tmp_path) == []
+
+
+def test_the_keras_reference_out_of_memory_names_the_lengths_and_writes_nothing(
+    saved_model, tmp_path, monkeypatch, capsys
+):
+    def out_of_memory(*args, **kwargs):
+        raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor")
+
+    monkeypatch.setattr(exporter, "call_model", out_of_memory)
+    out = tmp_path / "out"
+    assert export_command.main([str(saved_model), "--out", str(out), "--formats", "tflite_fp32"]) == 1
+    message = "The Keras model ran out of memory on 4 held-out rows of length 1: pass a smaller max_length"
+    assert message in capsys.readouterr().err
     assert leftovers(tmp_path) == []
