@@ -160,6 +160,12 @@ DECODERS = {
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
         ),
     ),
+    # Layer 1 has no RoPE and slides (transformers' rule without `layer_types`).
+    "smollm3": (
+        "SmolLM3Config",
+        "SmolLM3ForCausalLM",
+        dict(no_rope_layer_interval=2, use_sliding_window=True, sliding_window=4, mlp_bias=True, pad_token_id=0),
+    ),
     "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(head_dim=16)),
     "gemma2": (
         "Gemma2Config",

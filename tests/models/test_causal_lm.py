@@ -141,3 +141,12 @@ def test_a_prefill_for_generation_gives_the_last_position_s_logits_alone():
     np.testing.assert_allclose(np.asarray(last), np.asarray(full)[:, -1:], atol=1e-6)
     for name, tensor in state.items():
         np.testing.assert_array_equal(np.asarray(last_state[name]), np.asarray(tensor))
+
+
+def test_rope_layers_name_the_layers_without_positions_and_are_checked():
+    config = dict(vocabulary_size=64, num_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=32)
+    backbone = models.DecoderBackbone(**config, max_sequence_length=16, rope_layers=[True, False])
+    assert [block.self_attention.rotary_embedding is not None for block in backbone.transformer_blocks] == [True, False]
+    assert models.DecoderBackbone.from_config(backbone.get_config()).rope_layers == [True, False]
+    with pytest.raises(ValueError, match=r"`rope_layers` must list 2 booleans \(one per layer\)"):
+        models.DecoderBackbone(**config, max_sequence_length=16, rope_layers=[True])

@@ -95,6 +95,9 @@ class DecoderBackbone(Backbone):
             "sliding_attention"; None is all sliding with a `sliding_window`,
             else all full.
         sliding_window: None or an int, the keys a sliding layer's queries see.
+        rope_layers: None (every layer) or a list of L bools, the layers whose
+            attention applies RoPE; the others have no positions of their own
+            (SmolLM3's NoPE layers).
         sandwich_norm: bool, also normalize each sublayer's output (Gemma 2/3).
         scale_embeddings: bool, multiply the token vectors by sqrt(d) (Gemma).
         tie_embeddings: bool, the LM head is the token table (read by `CausalLM`).
@@ -147,6 +150,7 @@ class DecoderBackbone(Backbone):
         final_logit_soft_cap=None,
         layer_types=None,
         sliding_window=None,
+        rope_layers=None,
         sandwich_norm=False,
         scale_embeddings=False,
         tie_embeddings=True,
@@ -176,6 +180,7 @@ class DecoderBackbone(Backbone):
             check_positive_int("sliding_window", sliding_window)
         layer_types = _check_layer_types(layer_types, num_layers, sliding_window)
         rope_parameters = _check_rope_parameters(rope_parameters, layer_types, head_dim)
+        rope_layers = _check_rope_layers(rope_layers, num_layers)
 
         # === Layers ===
         self.embedding = TokenAndPositionEmbedding(
@@ -195,8 +200,8 @@ class DecoderBackbone(Backbone):
                 return LayerNormalization(epsilon=norm_epsilon, dtype=dtype, name=name)
             return RMSNormalization(epsilon=norm_epsilon, unit_offset=norm_unit_offset, dtype=dtype, name=name)
 
-        def attention(layer_type):
-            rope = rope_parameters.get(layer_type) if positions == "rotary" else None
+        def attention(layer_type, rotary):
+            rope = rope_parameters.get(layer_type) if positions == "rotary" and rotary else None
             return MultiHeadAttention(
                 num_heads,
                 head_dim,
@@ -231,7 +236,7 @@ class DecoderBackbone(Backbone):
                 norm_first=True,
                 sandwich_norm=sandwich_norm,
                 dropout=dropout,
-                self_attention=attention(layer_type),
+                self_attention=attention(layer_type, rope_layers is None or rope_layers[i]),
                 feed_forward=feed_forward_network(),
                 normalization=norm(),
                 dtype=dtype,
@@ -277,6 +282,7 @@ class DecoderBackbone(Backbone):
         self.final_logit_soft_cap = final_logit_soft_cap
         self.layer_types = layer_types
         self.sliding_window = sliding_window
+        self.rope_layers = rope_layers
         self.sandwich_norm = bool(sandwich_norm)
         self.scale_embeddings = bool(scale_embeddings)
         self.tie_embeddings = bool(tie_embeddings)
@@ -386,6 +392,7 @@ class DecoderBackbone(Backbone):
             final_logit_soft_cap=self.final_logit_soft_cap,
             layer_types=self.layer_types,
             sliding_window=self.sliding_window,
+            rope_layers=self.rope_layers,
             sandwich_norm=self.sandwich_norm,
             scale_embeddings=self.scale_embeddings,
             tie_embeddings=self.tie_embeddings,
@@ -393,6 +400,18 @@ class DecoderBackbone(Backbone):
             model_type=self.model_type,
         )
         return config
+
+
+def _check_rope_layers(rope_layers, num_layers):
+    """`rope_layers` as a list of bools, or None where every layer has RoPE."""
+    if rope_layers is None:
+        return None
+    rope_layers = list(rope_layers)
+    if len(rope_layers) != num_layers or any(value not in (True, False) for value in rope_layers):
+        raise ValueError(
+            f"`rope_layers` must list {num_layers} booleans (one per layer); received rope_layers={rope_layers}."
+        )
+    return None if all(rope_layers) else [bool(value) for value in rope_layers]
 
 
 def _check_layer_types(layer_types, num_layers, sliding_window):

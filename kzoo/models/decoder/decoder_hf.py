@@ -64,14 +64,17 @@ class _Settings:
         bias: how `attention_bias` reads: "all" (q, k, v and o: Llama, Qwen3, Gemma), "qkv"
             (Qwen2: always on q, k, v, never on o), "none" (Mistral).
         sliding: "none", "all" (Mistral: every layer slides when `sliding_window` is set),
-            "qwen" (`use_sliding_window` from `max_window_layers` on) or "gemma" (`layer_types`,
-            or every `sliding_window_pattern`-th layer full).
+            "qwen" (`use_sliding_window` from `max_window_layers` on), "gemma" (`layer_types`,
+            or every `sliding_window_pattern`-th layer full) or "smollm3" (`layer_types` under
+            `use_sliding_window`, or the layers without RoPE).
         query_scalar: reads `query_pre_attn_scalar` (Gemma 2/3: the query scale is its -1/2 power).
         soft_caps: reads `attn_logit_softcapping` and `final_logit_softcapping` (Gemma 2/3).
         local_rope: sliding layers have a RoPE base of their own (`rope_local_base_freq`, Gemma 3).
         mlp_bias: reads `mlp_bias` (Llama).
         fused: the query, key and value projections are one tensor, `qkv_proj`, and the gate and
             up projections another, `gate_up_proj` (Phi-3).
+        no_rope: reads `no_rope_layers` (1 where a layer applies RoPE), or every
+            `no_rope_layer_interval`-th layer without it (SmolLM3).
     """
 
     architecture: str
@@ -86,6 +89,7 @@ class _Settings:
     local_rope: bool = False
     mlp_bias: bool = False
     fused: bool = False
+    no_rope: bool = False
 
 
 _GEMMA = dict(norm_unit_offset=True, scale_embeddings=True)
@@ -95,6 +99,9 @@ _FAMILIES = {
     "qwen2": _Settings("Qwen2Model", "Qwen2ForCausalLM", {}, bias="qkv", sliding="qwen"),
     "qwen3": _Settings("Qwen3Model", "Qwen3ForCausalLM", {"query_key_norm": True}, sliding="qwen"),
     "phi3": _Settings("Phi3Model", "Phi3ForCausalLM", {}, bias="none", sliding="all", fused=True),
+    "smollm3": _Settings(
+        "SmolLM3Model", "SmolLM3ForCausalLM", {}, True, mlp_bias=True, sliding="smollm3", no_rope=True
+    ),
     "gemma": _Settings("GemmaModel", "GemmaForCausalLM", _GEMMA, True, "hidden_activation"),
     "gemma2": _Settings(
         "Gemma2Model",
@@ -169,7 +176,10 @@ def backbone_config(config, read, model_type=None):
         kwargs.update(attention_bias=attention_bias, attention_output_bias=attention_bias)
     if settings.mlp_bias:
         kwargs["feed_forward_bias"] = read.bool("mlp_bias", False)
-    kwargs.update(_sliding(read, settings, num_layers))
+    rope_layers = _rope_layers(read, num_layers) if settings.no_rope else None
+    kwargs.update(_sliding(read, settings, num_layers, rope_layers))
+    if rope_layers is not None and not all(rope_layers):
+        kwargs["rope_layers"] = rope_layers
     if settings.query_scalar:
         kwargs["attention_scale"] = read.number("query_pre_attn_scalar", head_dim) ** -0.5
     if settings.soft_caps:
@@ -185,12 +195,31 @@ def _default_activation(settings):
     return "gelu_pytorch_tanh" if settings.activation_field == "hidden_activation" else "silu"
 
 
-def _sliding(read, settings, num_layers):
+def _rope_layers(read, num_layers):
+    """SmolLM3's `no_rope_layers` as a list of bools (True: the layer applies RoPE)."""
+    values = read("no_rope_layers", None)
+    if values is None:
+        interval = read.int("no_rope_layer_interval", 4)
+        return [(i + 1) % interval != 0 for i in range(num_layers)]
+    if not isinstance(values, list) or len(values) != num_layers or any(v not in (0, 1) for v in values):
+        raise CheckpointError(f"{read.source} field 'no_rope_layers' must list {num_layers} values, each 0 or 1.")
+    return [bool(value) for value in values]
+
+
+def _sliding(read, settings, num_layers, rope_layers=None):
     """`layer_types` and `sliding_window` of a config, by the family's convention."""
     if settings.sliding == "none":
         return {}
     window = read("sliding_window", None) and read.int("sliding_window")
     layer_types = read("layer_types", None)
+    if settings.sliding == "smollm3":
+        # As transformers: a layer slides only under `use_sliding_window`; without `layer_types`,
+        # the layers without RoPE do.
+        sliding = read.bool("use_sliding_window", False) and window is not None
+        if layer_types is None:
+            layer_types = [SLIDING_ATTENTION if sliding and not rope else FULL_ATTENTION for rope in rope_layers]
+        elif not sliding and isinstance(layer_types, list):
+            layer_types = [FULL_ATTENTION] * len(layer_types)
     if settings.sliding == "qwen" and layer_types is None:
         sliding = read.bool("use_sliding_window", False)
         first = read.int("max_window_layers", num_layers, minimum=0)
@@ -289,8 +318,12 @@ def hf_config(backbone, model_type=None):
         config["mlp_bias"] = backbone.feed_forward_bias
     if settings.sliding != "none":
         config["sliding_window"] = backbone.sliding_window
-    if settings.sliding in ("qwen", "gemma"):
+    if settings.sliding in ("qwen", "gemma", "smollm3"):
         config["layer_types"] = list(backbone.layer_types)
+    if settings.sliding == "smollm3":
+        config["use_sliding_window"] = SLIDING_ATTENTION in backbone.layer_types
+    if settings.no_rope:
+        config["no_rope_layers"] = [int(rope) for rope in backbone.rope_layers or [True] * backbone.num_layers]
     if settings.sliding == "qwen":
         config["use_sliding_window"] = SLIDING_ATTENTION in backbone.layer_types
         sliding = [i for i, kind in enumerate(backbone.layer_types) if kind == SLIDING_ATTENTION]
@@ -352,6 +385,7 @@ _ARCHITECTURE_KEYS = (
     "final_logit_soft_cap",
     "layer_types",
     "sliding_window",
+    "rope_layers",
     "sandwich_norm",
     "scale_embeddings",
     "tie_embeddings",
