@@ -124,12 +124,7 @@ def main():
     # at 256 tokens, and a compiler does not drop the rows a slice discards).
     long_prompt = rng.integers(1, lm.backbone.vocabulary_size, (1, args.prefill)).astype("int32")
 
-    def kzoo_prefill(ids):
-        caches = lm.backbone.empty_cache(1, args.prefill)
-        hidden, caches = lm.backbone.decode(ids, caches=caches, cache_index=0)
-        return lm.logits(hidden[:, -1]), caches
-
-    prefill = tf.function(lambda ids: kzoo_prefill(ids)[0], jit_compile=True)
+    prefill = tf.function(lambda ids: lm.prefill(ids, args.prefill, last_only=True)[0][:, -1], jit_compile=True)
     prefill(long_prompt)
     # keras-hub's: `_build_cache` runs the prompt into a new cache, as its `generate` does.
     hub_prefill = tf.function(
