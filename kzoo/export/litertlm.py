@@ -45,6 +45,7 @@ from kzoo.export.serving_signatures import state_specs
 from kzoo.export.tflite_conversion import TFLITE_FORMATS
 from kzoo.export.tflite_conversion import convert
 from kzoo.export.tflite_conversion import op_census
+from kzoo.layers import cache_spans
 from kzoo.models import TiedLogits
 
 # How a bundle's model is made: float32 converted (`tflite_conversion.convert`), and for the
@@ -122,12 +123,26 @@ class RuntimeSignatures:
             specs.append(tf.TensorSpec(spec.shape, spec.dtype, name=runtime_name(spec.name)))
         self._functions = [_prefill(model, n, cache_length, names, specs) for n in self.prefill_lengths]
         self._functions.append(_decode(model, names, specs))
-        self._concrete = [function.get_concrete_function() for function in self._functions]
+        with cache_spans(attention_spans(cache_length)):
+            self._concrete = [function.get_concrete_function() for function in self._functions]
         seen = set()
         self.variables = [v for f in self._concrete for v in f.variables if id(v) not in seen and not seen.add(id(v))]
 
     def tflite_functions(self, generation=True):
         return self._concrete
+
+
+def attention_spans(cache_length):
+    """The cache prefixes a bundle's attention may read instead of the whole cache
+    (`kzoo.layers.cache_spans`): halves of `cache_length`, down to a sixteenth or 16 slots.
+
+    The runtime hands every call the whole cache, and LiteRT's attention over it packs all its
+    keys and values, written or not: at 2,048 slots, most of a SmolLM2 step's time beyond its
+    weights. A step reads the first span that holds its positions (a TFLite `IF` per layer).
+    Slicing the cache to the exact position instead makes shapes known only at run time, which
+    cost LiteRT-LM more per call than the whole attention (BENCHMARKS.md).
+    """
+    return [cache_length >> k for k in range(1, 5) if cache_length >> k >= 16]
 
 
 def runtime_name(name):

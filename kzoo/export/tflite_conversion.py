@@ -74,9 +74,99 @@ def convert(signatures, tflite_format, representative_dataset=None, generation=T
     with warnings.catch_warnings(), logs.captured_stderr():
         warnings.filterwarnings("ignore", "(?s).*tf.lite.Interpreter is deprecated", UserWarning)
         flatbuffer = converter.convert()
+    flatbuffer = shared_subgraphs(flatbuffer)
     if signatures.info is None:
         return flatbuffer
     return with_metadata(flatbuffer, INFO_NAME, json.dumps(signatures.info).encode("utf-8"))
+
+
+def shared_subgraphs(flatbuffer):
+    """The TFLite `flatbuffer` with each set of identical control-flow subgraphs stored once.
+
+    The converter writes the branches of every `IF` as subgraphs of their own, also where
+    they compute the same: a cached attention's branches (`kzoo.layers.cache_spans`) repeat
+    in every layer of every signature, each a full table of tensors, names and ops (a
+    megabyte per ten layers). Subgraphs with the same ops, tensor shapes, types and constant
+    values are one; every op that names a subgraph then names the one kept. A signature's
+    own subgraph is never merged.
+    """
+    model = schema.Model.GetRootAs(flatbuffer, 0)
+    if model.SubgraphsLength() <= model.SignatureDefsLength():
+        return flatbuffer
+    model = schema.ModelT.InitFromPackedBuf(flatbuffer, 0)
+    if any(buffer.offset > 1 for buffer in model.buffers):  # data stored after the flatbuffer: left as is
+        return flatbuffer
+    signed = {signature.subgraphIndex for signature in model.signatureDefs or []} | {0}
+    canonical = list(range(len(model.subgraphs)))
+    while True:
+        first = {}
+        merged = [
+            i if i in signed else first.setdefault(_subgraph_key(model, model.subgraphs[i], canonical), i)
+            for i in range(len(model.subgraphs))
+        ]
+        if merged == canonical:
+            break
+        canonical = merged
+    kept = [i for i in range(len(model.subgraphs)) if canonical[i] == i]
+    position = {old: new for new, old in enumerate(kept)}
+    renumber = {old: position[canonical[old]] for old in range(len(model.subgraphs))}
+    model.subgraphs = [model.subgraphs[i] for i in kept]
+    for subgraph in model.subgraphs:
+        for op in subgraph.operators or []:
+            for options in (op.builtinOptions, op.builtinOptions2):
+                for name, value in _subgraph_fields(options):
+                    setattr(options, name, [renumber[i] for i in value] if isinstance(value, list) else renumber[value])
+    for signature in model.signatureDefs or []:
+        signature.subgraphIndex = renumber[signature.subgraphIndex]
+    return bytes(flatbuffer_utils.convert_object_to_bytearray(model))
+
+
+def _subgraph_fields(options):
+    """`(name, value)` of the fields of an op's options that name subgraphs (`IF`'s branches,
+    `WHILE`'s body, ...)."""
+    if options is None:
+        return []
+    return [(name, value) for name, value in vars(options).items() if "Subgraph" in name]
+
+
+def _subgraph_key(model, subgraph, canonical):
+    """What makes two subgraphs compute the same: ops with their options (subgraphs named by
+    their current `canonical` index), tensors by shape, type and constant bytes; not names."""
+
+    def plain(value):
+        if isinstance(value, np.ndarray):
+            return (value.dtype.str, value.tobytes())
+        if isinstance(value, (list, tuple)):
+            return tuple(plain(v) for v in value)
+        if hasattr(value, "__dict__"):
+            fields = dict(vars(value), **{name: _renumbered(v, canonical) for name, v in _subgraph_fields(value)})
+            return (type(value).__name__, tuple(sorted((k, plain(v)) for k, v in fields.items())))
+        return value
+
+    def constant(index):
+        buffer = model.buffers[index]
+        return (buffer.offset, buffer.size) if buffer.data is None else np.asarray(buffer.data).tobytes()
+
+    tensors = tuple(
+        (plain(t.shape), plain(t.shapeSignature), t.type, t.isVariable, plain(t.quantization), constant(t.buffer))
+        for t in subgraph.tensors or []
+    )
+    ops = tuple(
+        (
+            plain(model.operatorCodes[op.opcodeIndex]),
+            plain(op.inputs),
+            plain(op.outputs),
+            plain(op.builtinOptions),
+            plain(op.builtinOptions2),
+            plain(op.customOptions),
+        )
+        for op in subgraph.operators or []
+    )
+    return tensors, ops, plain(subgraph.inputs), plain(subgraph.outputs)
+
+
+def _renumbered(value, canonical):
+    return [canonical[i] for i in value] if isinstance(value, list) else canonical[value]
 
 
 def with_metadata(flatbuffer, name, data):

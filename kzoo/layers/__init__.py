@@ -7,6 +7,7 @@ from kzoo.layers.layer_normalization import LayerNormalization
 from kzoo.layers.masks import causal_mask
 from kzoo.layers.masks import merge_masks
 from kzoo.layers.multi_head_attention import MultiHeadAttention
+from kzoo.layers.multi_head_attention import cache_spans
 from kzoo.layers.position_embedding import PositionEmbedding
 from kzoo.layers.rms_normalization import RMSNormalization
 from kzoo.layers.rotary_embedding import RotaryEmbedding

@@ -1,3 +1,6 @@
+import contextlib
+import contextvars
+
 import keras
 import numpy as np
 from keras import ops
@@ -14,6 +17,43 @@ from kzoo.validation import check_divisible
 from kzoo.validation import check_positive_int
 from kzoo.validation import check_rate
 from kzoo.validation import clone_initializer
+
+_CACHE_SPANS = contextvars.ContextVar("kzoo_cache_spans", default=())
+
+
+@contextlib.contextmanager
+def cache_spans(lengths):
+    """Within it, cached causal attention reads only the first slots of the cache that it needs.
+
+    A KV cache is as long as the longest sequence served, and attention over all of it (the
+    unwritten slots masked) costs every step in proportion to that length. Inside this
+    context, a `MultiHeadAttention` call with `cache`, `cache_index` and `use_causal_mask`
+    attends over the first `n` slots only, for the smallest `n` of `lengths` that holds
+    positions `[0, cache_index + T_q)` (else the whole cache): one static-shape branch per
+    length, chosen at run time by `keras.ops.cond`, so a compiled or exported step (XLA, a
+    TFLite `IF`) skips the slots the position has not reached. The outputs are those of the
+    whole cache: the slots after the last position are masked either way. Calls with an
+    explicit `attention_mask` or `return_attention_scores` read the whole cache. The context
+    applies while a model is called or traced, and is not saved with it.
+
+    Args:
+        lengths: ints >= 1, e.g. `(256, 512, 1024)`; lengths not shorter than a cache are ignored.
+
+    Example:
+    >>> mha = MultiHeadAttention(num_heads=2, key_dim=4)
+    >>> x = keras.ops.ones((1, 1, 8))
+    >>> cache = mha.empty_cache(1, 64)
+    >>> with cache_spans((16, 32)):
+    ...     y, cache = mha(x, use_causal_mask=True, cache=cache, cache_index=3)
+    >>> tuple(y.shape)
+    (1, 1, 8)
+    """
+    lengths = tuple(sorted({check_positive_int("lengths", n) for n in lengths}))
+    token = _CACHE_SPANS.set(lengths)
+    try:
+        yield
+    finally:
+        _CACHE_SPANS.reset(token)
 
 
 @keras.saving.register_keras_serializable(package="kzoo")
@@ -343,17 +383,34 @@ class MultiHeadAttention(keras.layers.Layer):
             key_padding = None
             key_offset = 0 if cache_index is None else cache_index
 
-        mask = merge_masks(
-            query_mask=query_mask,
-            key_mask=key_padding,
-            attention_mask=attention_mask,
-            causal=(
-                causal_mask(ops.shape(q)[2], ops.shape(k)[2], key_offset, self.sliding_window)
-                if use_causal_mask
-                else None
-            ),
-        )
-        output, scores = self._attend(q, k, v, mask, training, return_attention_scores)
+        def attend(length):
+            keys, values = (k, v) if length is None else (k[:, :, :length], v[:, :, :length])
+            mask = merge_masks(
+                query_mask=query_mask,
+                key_mask=key_padding,
+                attention_mask=attention_mask,
+                causal=(
+                    causal_mask(ops.shape(q)[2], ops.shape(keys)[2], key_offset, self.sliding_window)
+                    if use_causal_mask
+                    else None
+                ),
+            )
+            return self._attend(q, keys, values, mask, training, return_attention_scores)
+
+        spans = _CACHE_SPANS.get()
+        cache_length = k.shape[2]
+        if (
+            spans
+            and cache_index is not None
+            and cache is not None
+            and use_causal_mask
+            and attention_mask is None
+            and not return_attention_scores
+            and cache_length is not None
+        ):
+            output, scores = _attend_first(cache_index + ops.shape(q)[2], spans, cache_length, attend), None
+        else:
+            output, scores = attend(None)
         output = self.output_dense(output)  # (B, T_q, d)
 
         results = (output,)
@@ -459,6 +516,20 @@ class MultiHeadAttention(keras.layers.Layer):
     @classmethod
     def from_config(cls, config):
         return super().from_config(deserialize_patterns(config, ("rotary_embedding", "query_key_norm")))
+
+
+def _attend_first(filled, spans, cache_length, attend):
+    """`attend(n)[0]` for the smallest `n` of `spans` (then `cache_length`) with `filled <= n`."""
+    lengths = [n for n in spans if n < cache_length] + [cache_length]
+    if isinstance(filled, int):  # known now: no branches
+        return attend(next(n for n in lengths if filled <= n))[0]
+
+    def first(lengths):
+        if len(lengths) == 1:
+            return attend(lengths[0])[0]
+        return ops.cond(filled <= lengths[0], lambda: attend(lengths[0])[0], lambda: first(lengths[1:]))
+
+    return first(lengths)
 
 
 def _head_major(x):

@@ -5,6 +5,7 @@ import tensorflow as tf
 from keras import ops
 
 from kzoo.layers import MultiHeadAttention
+from kzoo.layers import cache_spans
 from tests.layers.weights import copy_attention
 
 
@@ -122,6 +123,38 @@ def test_kv_cache_works_inside_a_compiled_loop_with_a_tensor_index():
     for t in range(6):
         out, cache = step(x[:, t : t + 1], cache, tf.constant(t))
         np.testing.assert_allclose(ops.convert_to_numpy(out)[:, 0], full[:, t], atol=1e-5)
+
+
+@pytest.mark.parametrize("jit_compile", [True, False])
+def test_cache_spans_read_only_the_span_that_holds_the_positions(jit_compile):
+    # Slots 16-31 hold NaN: attention over the whole cache would return NaN (0 x NaN), so a
+    # finite output equal to the full pass shows that no step up to position 15 read them.
+    layer = MultiHeadAttention(num_heads=4, key_dim=4, num_key_value_heads=2, sliding_window=5)
+    x = random(1, 16, 8, seed=13)
+    full = ops.convert_to_numpy(layer(x, use_causal_mask=True))
+
+    @tf.function(jit_compile=jit_compile)
+    def step(tokens, cache, index):
+        with cache_spans((4, 8, 16)):
+            return layer(tokens, use_causal_mask=True, cache=cache, cache_index=index)
+
+    unreached = np.zeros((1, 2, 32, 4), "float32")
+    unreached[:, :, 16:] = np.nan
+    out, cache = step(x[:, :3], (unreached, unreached.copy()), tf.constant(0))  # a prefill chunk
+    outputs = [ops.convert_to_numpy(out)]
+    for t in range(3, 16):
+        out, cache = step(x[:, t : t + 1], cache, tf.constant(t))
+        outputs.append(ops.convert_to_numpy(out))
+    np.testing.assert_allclose(np.concatenate(outputs, axis=1), full, atol=1e-5)
+    with pytest.raises(AssertionError):  # the same NaN slots read by the whole-cache attention
+        out, _ = layer(x[:, :1], use_causal_mask=True, cache=(unreached, unreached), cache_index=0)
+        np.testing.assert_allclose(ops.convert_to_numpy(out), full[:, :1], atol=1e-5)
+
+
+def test_cache_spans_refuse_a_non_positive_length():
+    with pytest.raises(ValueError, match="lengths"):
+        with cache_spans((16, 0)):
+            pass
 
 
 def test_precomputed_cross_attention_cache_equals_direct_call():
