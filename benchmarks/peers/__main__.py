@@ -10,8 +10,9 @@ original Q4_1 GGUF, in one run, beside any kzoo bundles given.
    length, steps and threads), after waiting up to a minute for the other processes to quiet
    down; medians over the rounds;
 5. the floor of each bundle's decode step: its model's bytes (the weights at their precision)
-   plus the KV cache's (float32, every slot: a decode step attends over the whole cache), read
-   once at the bandwidth a TensorFlow sum reads in this process.
+   plus the KV cache's (float32, every slot), read once at the bandwidth a TensorFlow sum reads
+   in this process; and the "filled" floor, with only the slots a step at the decode's mean
+   position has written (256 + 64: what a runtime that reads no empty slot reads, as llama.cpp).
 
     python -m benchmarks.peers [--bundle "kzoo int8=export/model_int8.litertlm" ...] [--rounds 3] \
         [--litert-torch-json peers.json] [--out peers_run.json]
@@ -33,6 +34,8 @@ from benchmarks.common import wait_for_quiet  # noqa: E402
 
 CHAT = "What is the capital of France? Answer in one sentence."
 PROMPT_TOKENS, NEW_TOKENS = 256, 128
+# The slots written at the mean position of the timed decode steps.
+FILLED_SLOTS = PROMPT_TOKENS + NEW_TOKENS // 2
 
 
 def cpu_flags():
@@ -94,17 +97,25 @@ def floors(bundles, folder, speed):
     """Each bundle's decode floor in tokens/s and its decode rate over it (`speeds`' medians)."""
     from benchmarks.litertlm import read_bandwidth
 
-    step_bytes = {}
+    step_bytes, filled_bytes = {}, {}
     for name, record in bundles.items():
         model = max(section["bytes"] for section in record["sections"] if "TFLite" in section["type"])
         step_bytes[name] = model + kv_cache_bytes(folder, record["max_num_tokens"])
+        filled_bytes[name] = model + kv_cache_bytes(folder, FILLED_SLOTS)
     bandwidth = read_bandwidth(max(step_bytes.values()))
     rows = {}
     for name, size in step_bytes.items():
-        floor = bandwidth / size
+        floor, filled = bandwidth / size, bandwidth / filled_bytes[name]
         rate = speed[name]["median"]["decode_tokens_per_second"]
-        rows[name] = {"step_bytes": size, "floor_tokens_per_second": floor, "decode_over_floor": rate / floor}
-    return {"read_bandwidth_bytes_per_second": bandwidth, "bundles": rows}
+        rows[name] = {
+            "step_bytes": size,
+            "floor_tokens_per_second": floor,
+            "decode_over_floor": rate / floor,
+            "filled_step_bytes": filled_bytes[name],
+            "filled_floor_tokens_per_second": filled,
+            "decode_over_filled_floor": rate / filled,
+        }
+    return {"read_bandwidth_bytes_per_second": bandwidth, "filled_slots": FILLED_SLOTS, "bundles": rows}
 
 
 def main():
