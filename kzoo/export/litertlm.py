@@ -437,6 +437,7 @@ class Bundles:
         self.weights = None if sample_weight is None else sample_weight[:, cut]
         self.keras_cross_entropy = verification.quality(self.logits, self.targets, self.weights)["cross_entropy"]
         self.num_threads = num_threads
+        self._float32 = None
 
     def write(self, path, conversion):
         """Writes the bundle `path`, its model made as `conversion` (a key of `CONVERSIONS`),
@@ -450,7 +451,9 @@ class Bundles:
             `latency_ms`.
         """
         start = time.perf_counter()
-        flatbuffer = bundle_model(self.signatures, conversion)
+        if self._float32 is None:  # converted once, quantized per bundle
+            self._float32 = convert(self.signatures, "tflite_fp32")
+        flatbuffer = self._float32 if conversion == "tflite_fp32" else quantize(self._float32, conversion)
         write_bundle(path, flatbuffer, self.exported.tokenizer.to_str(), self.metadata)
         seconds = time.perf_counter() - start
         with logs.captured_stderr():  # LiteRT logs its CPU delegate
