@@ -66,6 +66,13 @@ def parse_args(argv):
         type=lengths,
         help="LiteRT-LM prefill chunk lengths, e.g. 16,64 (default: 16, 64, 256 where they divide the cache)",
     )
+    parser.add_argument(
+        "--cache-spans",
+        type=spans,
+        help='cache prefixes LiteRT-LM attention reads instead of the whole cache: "auto" (halves of the cache '
+        "down to a sixteenth) or e.g. 256,512,1024; faster while the position is within them, slower past them "
+        "(default: none)",
+    )
     parser.add_argument("--num-examples", type=count, default=32, help="held-out rows (default: 32)")
     parser.add_argument(
         "--num-representative", type=count, default=32, help="calibration rows for tflite_int8 (default: 32)"
@@ -91,6 +98,11 @@ def parse_args(argv):
         "--verbose", action="store_true", help="also show TensorFlow's and LiteRT's own log lines (see kzoo.logs)"
     )
     return parser.parse_args(argv)
+
+
+def spans(text):
+    """ "auto" or "256,512" -> "auto" or [256, 512] (argparse type)."""
+    return text if text == "auto" else lengths(text)
 
 
 def lengths(text):
@@ -163,6 +175,7 @@ def main(argv=None):
             compare_model_export=args.compare_model_export,
             overwrite=args.overwrite,
             prefill_lengths=args.prefill_lengths,
+            cache_spans=args.cache_spans,
         )
     except kzoo_export.ExportError as error:
         print(f"export failed: {error}", file=sys.stderr)

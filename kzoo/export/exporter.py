@@ -69,6 +69,7 @@ def export(
     overwrite=False,
     seed=0,
     prefill_lengths=None,
+    cache_spans=None,
 ):
     """Exports a kzoo model for serving and verifies every file against the Keras model.
 
@@ -131,6 +132,9 @@ def export(
         prefill_lengths: the LiteRT-LM `prefill_<N>` chunk lengths
             (`kzoo.export.litertlm.prefill_lengths`; default 16, 64, 256 where
             they divide the cache length).
+        cache_spans: None, "auto" or ints: the cache prefixes a LiteRT-LM bundle's attention
+            reads instead of the whole cache (`kzoo.export.litertlm.attention_spans`): faster
+            while the position is within them, slower past them.
 
     Returns:
         The report (also written to `output_dir/export_report.json`).
@@ -163,6 +167,7 @@ def export(
         compare_model_export=compare_model_export,
         seed=seed,
         prefill_lengths=prefill_lengths,
+        cache_spans=cache_spans,
     )
     with _output_folder(output_dir, overwrite) as staging:
         context = Context(model, settings, staging)
@@ -190,6 +195,7 @@ class Context:
         self.task = _checked(task_of, self.model)
         self.cache_length = _checked(check_cache_length, self.model, settings.cache_length)
         self.prefill_lengths = _checked(litertlm.prefill_lengths, self.cache_length, settings.prefill_lengths)
+        self.cache_spans = _checked(litertlm.attention_spans, self.cache_length, settings.cache_spans)
         self.names = input_names(self.model)
         self.max_length = _check_length(settings.max_length, self.model, self.cache_length)
         self.tokenizer = getattr(self.model, "tokenizer", None)
@@ -250,6 +256,7 @@ class Context:
             None if weights is None else weights[rows],
             cache_length=self.cache_length,
             lengths=self.prefill_lengths,
+            spans=self.cache_spans,
             generate_tokens=self.settings.generate_tokens,
             num_threads=LITERT_THREADS,
         )

@@ -31,6 +31,7 @@ import contextlib
 import dataclasses
 import io
 import json
+import numbers
 import tempfile
 import time
 from pathlib import Path
@@ -105,14 +106,16 @@ class RuntimeSignatures:
             `GPTCausalLM`).
         cache_length: int, the KV cache positions: the bundle's `max_num_tokens`.
         lengths: the prefill chunk lengths (`prefill_lengths`).
+        spans: the cache spans its attention may read (`attention_spans`); None for none.
     """
 
     # No `kzoo_model` metadata entry: the bundle's LlmMetadata describes the model.
     info = None
 
-    def __init__(self, model, cache_length, lengths=None):
+    def __init__(self, model, cache_length, lengths=None, spans=None):
         self.cache_length = cache_length
         self.prefill_lengths = prefill_lengths(cache_length, lengths)
+        self.spans = attention_spans(cache_length, spans)
         self.tied_embeddings = any(isinstance(layer, TiedLogits) for layer in model.layers)
         prefill = tf.function(
             lambda tokens: model.prefill(tokens, cache_length)[1], input_signature=[tf.TensorSpec([1, None], tf.int32)]
@@ -123,7 +126,7 @@ class RuntimeSignatures:
             specs.append(tf.TensorSpec(spec.shape, spec.dtype, name=runtime_name(spec.name)))
         self._functions = [_prefill(model, n, cache_length, names, specs) for n in self.prefill_lengths]
         self._functions.append(_decode(model, names, specs))
-        with cache_spans(attention_spans(cache_length)):
+        with cache_spans(self.spans):
             self._concrete = [function.get_concrete_function() for function in self._functions]
         seen = set()
         self.variables = [v for f in self._concrete for v in f.variables if id(v) not in seen and not seen.add(id(v))]
@@ -132,17 +135,41 @@ class RuntimeSignatures:
         return self._concrete
 
 
-def attention_spans(cache_length):
+def attention_spans(cache_length, spans="auto"):
     """The cache prefixes a bundle's attention may read instead of the whole cache
-    (`kzoo.layers.cache_spans`): halves of `cache_length`, down to a sixteenth or 16 slots.
+    (`kzoo.layers.cache_spans`).
 
     The runtime hands every call the whole cache, and LiteRT's attention over it packs all its
     keys and values, written or not: at 2,048 slots, most of a SmolLM2 step's time beyond its
-    weights. A step reads the first span that holds its positions (a TFLite `IF` per layer).
-    Slicing the cache to the exact position instead makes shapes known only at run time, which
-    cost LiteRT-LM more per call than the whole attention (BENCHMARKS.md).
+    weights. With spans, a step reads the first span that holds its positions (a TFLite `IF`
+    per layer). That is faster while the position is within the spans, and slower past them:
+    LiteRT-LM runs the whole-cache branch of an `IF` more slowly than the same attention
+    outside one (SmolLM2 int8 at 2,048 slots: decode 1.45x as fast at position 256, 0.64-0.72x at
+    1,536; BENCHMARKS.md). Slicing the cache to the exact position instead makes shapes known
+    only at run time, which cost LiteRT-LM more per call than the whole attention.
+
+    Args:
+        cache_length: int.
+        spans: None (or empty) for none, "auto" for halves of `cache_length` down to a sixteenth or 16
+            slots, or ints in `[1, cache_length)`.
+
+    Returns:
+        A sorted list of ints.
     """
-    return [cache_length >> k for k in range(1, 5) if cache_length >> k >= 16]
+    if spans is None or (isinstance(spans, (list, tuple)) and not spans):
+        return []
+    if spans == "auto":
+        return [cache_length >> k for k in range(4, 0, -1) if cache_length >> k >= 16]
+    integers = not isinstance(spans, str) and all(
+        isinstance(n, numbers.Integral) and not isinstance(n, bool) for n in spans
+    )
+    values = sorted({int(n) for n in spans}) if integers else []
+    if not values or values[0] < 1 or values[-1] >= cache_length:
+        raise ValueError(
+            f'`cache_spans` must be None, "auto" or ints in [1, {cache_length - 1}] (below the cache length '
+            f"{cache_length}); received {spans!r}."
+        )
+    return values
 
 
 def runtime_name(name):
@@ -402,6 +429,7 @@ class Bundles:
         sample_weight: `(N, T)` or None.
         cache_length: int, the bundles' `max_num_tokens`.
         lengths: the prefill chunk lengths (`prefill_lengths`).
+        spans: the cache spans of the bundles' attention (`attention_spans`); None for none.
         generate_tokens: int, new tokens per greedy check.
         num_threads: int, the runtime's CPU threads.
     """
@@ -417,13 +445,14 @@ class Bundles:
         *,
         cache_length,
         lengths=None,
+        spans=None,
         generate_tokens=32,
         num_threads=2,
     ):
         from kzoo.data.tokenizer_json import hugging_face_tokenizer  # kzoo.data imports tensorflow-datasets
 
         self.exported = hugging_face_tokenizer(tokenizer)
-        self.signatures = RuntimeSignatures(model, cache_length, lengths)
+        self.signatures = RuntimeSignatures(model, cache_length, lengths, spans)
         chat_template = self.exported.chat_template and runtime_chat_template(
             self.exported.chat_template, getattr(tokenizer, "special_tokens_map", {}), self.exported.start_token_id
         )
@@ -469,6 +498,7 @@ class Bundles:
             "tflite_bytes": len(flatbuffer),
             "description": CONVERSIONS[conversion],
             "prefill_lengths": list(self.signatures.prefill_lengths),
+            "cache_spans": self.signatures.spans,
             "max_num_tokens": self.signatures.cache_length,
             "export_seconds": round(seconds, 2),
             "ops": op_census(flatbuffer),

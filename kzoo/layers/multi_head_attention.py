@@ -384,7 +384,8 @@ class MultiHeadAttention(keras.layers.Layer):
             key_offset = 0 if cache_index is None else cache_index
 
         def attend(length):
-            keys, values = (k, v) if length is None else (k[:, :, :length], v[:, :, :length])
+            whole = length is None or length == k.shape[2]  # a slice of all of it would still copy it
+            keys, values = (k, v) if whole else (k[:, :, :length], v[:, :, :length])
             mask = merge_masks(
                 query_mask=query_mask,
                 key_mask=key_padding,

@@ -192,3 +192,11 @@ def test_the_keras_reference_out_of_memory_names_the_lengths_and_writes_nothing(
     message = "The Keras model ran out of memory on 4 held-out rows of length 1: pass a smaller max_length"
     assert message in capsys.readouterr().err
     assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("spans", [[16], [0, 8], "half", [8.5]])
+def test_cache_spans_outside_the_cache_are_refused(saved_model, tmp_path, spans):
+    # The tiny model's cache is its 16 positions: spans must be ints in [1, 15].
+    with pytest.raises(export.ExportError, match=r"`cache_spans` must be None, \"auto\" or ints in \[1, 15\]"):
+        export.export(saved_model, tmp_path / "out", "litertlm", cache_spans=spans, **QUICK)
+    assert leftovers(tmp_path) == []

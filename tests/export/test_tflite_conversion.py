@@ -56,8 +56,8 @@ def test_a_bundles_attention_branches_are_shared_by_its_layers():
         vocabulary_size=64, num_layers=3, num_heads=2, hidden_dim=16, intermediate_dim=32, max_sequence_length=64
     )
     lm = models.CausalLM(backbone, tokenizer=data.character_tokenizer(64))
-    signatures = litertlm.RuntimeSignatures(lm, cache_length=64, lengths=[16])
-    assert litertlm.attention_spans(64) == [32, 16]
+    signatures = litertlm.RuntimeSignatures(lm, cache_length=64, lengths=[16], spans="auto")
+    assert signatures.spans == [16, 32]
     flatbuffer = litertlm.bundle_model(signatures, "tflite_fp32")
     # An IF per layer choosing 16 | 32 slots or more, whose "more" branch holds an IF choosing
     # 32 | 64: per signature (decode, prefill_16) four branches, stored once, not once per layer.
