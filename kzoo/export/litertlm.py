@@ -135,7 +135,7 @@ class RuntimeSignatures:
         return self._concrete
 
 
-def attention_spans(cache_length, spans="auto"):
+def attention_spans(cache_length, spans):
     """The cache prefixes a bundle's attention may read instead of the whole cache
     (`kzoo.layers.cache_spans`).
 

@@ -115,7 +115,7 @@ def shared_subgraphs(flatbuffer):
         for op in subgraph.operators or []:
             for options in (op.builtinOptions, op.builtinOptions2):
                 for name, value in _subgraph_fields(options):
-                    setattr(options, name, [renumber[i] for i in value] if isinstance(value, list) else renumber[value])
+                    setattr(options, name, _renumbered(value, renumber))
     for signature in model.signatureDefs or []:
         signature.subgraphIndex = renumber[signature.subgraphIndex]
     return bytes(flatbuffer_utils.convert_object_to_bytearray(model))
@@ -165,8 +165,9 @@ def _subgraph_key(model, subgraph, canonical):
     return tensors, ops, plain(subgraph.inputs), plain(subgraph.outputs)
 
 
-def _renumbered(value, canonical):
-    return [canonical[i] for i in value] if isinstance(value, list) else canonical[value]
+def _renumbered(value, index):
+    """A subgraph field's index, or list of indices, through `index` (old -> new)."""
+    return [index[i] for i in value] if isinstance(value, list) else index[value]
 
 
 def with_metadata(flatbuffer, name, data):
