@@ -69,9 +69,10 @@ def parse_args(argv):
     parser.add_argument(
         "--cache-spans",
         type=spans,
-        help='cache prefixes LiteRT-LM attention reads instead of the whole cache: "auto" (halves of the cache '
-        "down to a sixteenth) or e.g. 256,512,1024; faster while the position is within them, slower past them "
-        "(default: none)",
+        default="auto",
+        help="cache prefixes LiteRT-LM attention reads instead of the whole cache, so that a step costs what its "
+        'position has reached: "auto" (halves of the cache down to a sixteenth), e.g. 256,512,1024, or "none" '
+        "(default: auto)",
     )
     parser.add_argument("--num-examples", type=count, default=32, help="held-out rows (default: 32)")
     parser.add_argument(
@@ -101,8 +102,8 @@ def parse_args(argv):
 
 
 def spans(text):
-    """ "auto" or "256,512" -> "auto" or [256, 512] (argparse type)."""
-    return text if text == "auto" else lengths(text)
+    """ "auto", "none" or "256,512" -> "auto", "none" or [256, 512] (argparse type)."""
+    return text if text in ("auto", "none") else lengths(text)
 
 
 def lengths(text):

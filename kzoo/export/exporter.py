@@ -69,7 +69,7 @@ def export(
     overwrite=False,
     seed=0,
     prefill_lengths=None,
-    cache_spans=None,
+    cache_spans="auto",
 ):
     """Exports a kzoo model for serving and verifies every file against the Keras model.
 
@@ -132,9 +132,9 @@ def export(
         prefill_lengths: the LiteRT-LM `prefill_<N>` chunk lengths
             (`kzoo.export.litertlm.prefill_lengths`; default 16, 64, 256 where
             they divide the cache length).
-        cache_spans: None, "auto" or ints: the cache prefixes a LiteRT-LM bundle's attention
-            reads instead of the whole cache (`kzoo.export.litertlm.attention_spans`): faster
-            while the position is within them, slower past them.
+        cache_spans: "auto", ints, or "none" / None: the cache prefixes a LiteRT-LM bundle's
+            attention reads instead of the whole cache (`kzoo.export.litertlm.attention_spans`):
+            a step costs what its position has reached.
 
     Returns:
         The report (also written to `output_dir/export_report.json`).

@@ -142,21 +142,20 @@ def attention_spans(cache_length, spans):
     The runtime hands every call the whole cache, and LiteRT's attention over it packs all its
     keys and values, written or not: at 2,048 slots, most of a SmolLM2 step's time beyond its
     weights. With spans, a step reads the first span that holds its positions (a TFLite `IF`
-    per layer). That is faster while the position is within the spans, and slower past them:
-    LiteRT-LM runs the whole-cache branch of an `IF` more slowly than the same attention
-    outside one (SmolLM2 int8 at 2,048 slots: decode 1.45x as fast at position 256, 0.64-0.72x at
-    1,536; BENCHMARKS.md). Slicing the cache to the exact position instead makes shapes known
-    only at run time, which cost LiteRT-LM more per call than the whole attention.
+    per layer, the largest span outermost), so it costs what the position has reached. Past the
+    largest span a step runs as without spans (measured: SmolLM2's attention at 2,048 slots,
+    BENCHMARKS.md). Slicing the cache to the exact position instead makes shapes known only at
+    run time, which cost LiteRT-LM more per call than the whole attention.
 
     Args:
         cache_length: int.
-        spans: None (or empty) for none, "auto" for halves of `cache_length` down to a sixteenth or 16
-            slots, or ints in `[1, cache_length)`.
+        spans: "auto" for halves of `cache_length` down to a sixteenth or 16 slots, ints in
+            `[1, cache_length)`, or None, "none" or empty for none.
 
     Returns:
         A sorted list of ints.
     """
-    if spans is None or (isinstance(spans, (list, tuple)) and not spans):
+    if spans is None or spans == "none" or (isinstance(spans, (list, tuple)) and not spans):
         return []
     if spans == "auto":
         return [cache_length >> k for k in range(4, 0, -1) if cache_length >> k >= 16]
@@ -166,8 +165,8 @@ def attention_spans(cache_length, spans):
     values = sorted({int(n) for n in spans}) if integers else []
     if not values or values[0] < 1 or values[-1] >= cache_length:
         raise ValueError(
-            f'`cache_spans` must be None, "auto" or ints in [1, {cache_length - 1}] (below the cache length '
-            f"{cache_length}); received {spans!r}."
+            f'`cache_spans` must be "auto", "none" (or None) or ints in [1, {cache_length - 1}] (below the '
+            f"cache length {cache_length}); received {spans!r}."
         )
     return values
 

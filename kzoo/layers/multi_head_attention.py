@@ -13,6 +13,7 @@ from kzoo.layers.masks import keras_mask
 from kzoo.layers.masks import merge_masks
 from kzoo.layers.rotary_embedding import RotaryEmbedding
 from kzoo.layers.scaled_dot_product_attention import scaled_dot_product_attention
+from kzoo.ops.attention import MASKED_SCORE
 from kzoo.validation import check_divisible
 from kzoo.validation import check_positive_int
 from kzoo.validation import check_rate
@@ -383,20 +384,28 @@ class MultiHeadAttention(keras.layers.Layer):
             key_padding = None
             key_offset = 0 if cache_index is None else cache_index
 
+        # The mask over every key, made once: a span's branch only slices it (an op inside a
+        # branch costs LiteRT more than outside one).
+        mask = merge_masks(
+            query_mask=query_mask,
+            key_mask=key_padding,
+            attention_mask=attention_mask,
+            causal=causal_mask(ops.shape(q)[2], ops.shape(k)[2], key_offset, self.sliding_window)
+            if use_causal_mask
+            else None,
+        )
+        bias = None
+        if use_causal_mask and mask is not None and self._keyed(query_mask, key_padding, attention_mask, cache_index):
+            # As an additive bias, the same weights: float adds, which LiteRT's XNNPack runs,
+            # where the boolean select falls to slower kernels; and no zeroing of key-less rows,
+            # which a causal mask alone never leaves.
+            bias, mask = self._grouped(ops.where(mask, 0.0, MASKED_SCORE), ops.shape(q)[2]), None
+
         def attend(length):
-            whole = length is None or length == k.shape[2]  # a slice of all of it would still copy it
-            keys, values = (k, v) if whole else (k[:, :, :length], v[:, :, :length])
-            mask = merge_masks(
-                query_mask=query_mask,
-                key_mask=key_padding,
-                attention_mask=attention_mask,
-                causal=(
-                    causal_mask(ops.shape(q)[2], ops.shape(keys)[2], key_offset, self.sliding_window)
-                    if use_causal_mask
-                    else None
-                ),
-            )
-            return self._attend(q, keys, values, mask, training, return_attention_scores)
+            if length is None or length == k.shape[2]:  # a slice of all of it would still copy it
+                return self._attend(q, k, v, mask, bias, training, return_attention_scores)
+            keys, values = k[:, :, :length], v[:, :, :length]
+            return self._attend(q, keys, values, _first(mask, length), _first(bias, length), training)
 
         spans = _CACHE_SPANS.get()
         cache_length = k.shape[2]
@@ -421,7 +430,7 @@ class MultiHeadAttention(keras.layers.Layer):
             results += (cache,)
         return results[0] if len(results) == 1 else results
 
-    def _attend(self, q, k, v, mask, training, return_scores=False):
+    def _attend(self, q, k, v, mask, bias, training, return_scores=False):
         """Grouped attention: q `(B, h, T_q, d_k)`, k/v `(B, h_kv, T_k, d)`.
 
         The `g = h / h_kv` query heads of a group are stacked along the query
@@ -430,20 +439,13 @@ class MultiHeadAttention(keras.layers.Layer):
         """
         batch, length = ops.shape(q)[0], ops.shape(q)[2]
         groups = self.num_heads // self.num_key_value_heads
-        key_length = ops.shape(k)[2]
         q = ops.reshape(q, (batch, self.num_key_value_heads, groups * length, self.key_dim))
-        if mask is not None:
-            mask = mask[:, None]  # (B, 1, T_q, T_k)
-            if groups > 1:
-                mask = ops.reshape(
-                    ops.broadcast_to(mask[:, :, None], (ops.shape(mask)[0], 1, groups, length, key_length)),
-                    (ops.shape(mask)[0], 1, groups * length, key_length),
-                )
         output = scaled_dot_product_attention(
             q,
             k,
             v,
-            mask=mask,
+            mask=None if mask is None else self._grouped(mask, length),
+            bias=bias,
             scale=self.scale,
             soft_cap=self.soft_cap,
             dropout_rate=self.dropout,
@@ -457,8 +459,26 @@ class MultiHeadAttention(keras.layers.Layer):
         output = ops.reshape(output, (batch, self.num_heads, length, self.value_dim))
         output = ops.transpose(output, (0, 2, 1, 3))  # (B, T_q, h, d_v)
         if scores is not None:
-            scores = ops.reshape(scores, (batch, self.num_heads, length, key_length))
+            scores = ops.reshape(scores, (batch, self.num_heads, length, ops.shape(k)[2]))
         return output, scores
+
+    def _grouped(self, mask, length):
+        """A `(B, T_q, T_k)` mask as `(B, 1, g * T_q, T_k)`, each query's row repeated for the
+        `g` query heads of a key/value group (`_attend` stacks them so); a mask with one row
+        for every query only gains the head axis."""
+        mask = ops.expand_dims(mask, 1)  # (B, 1, T_q, T_k); `[:, None]` would be a strided slice in TFLite
+        groups = self.num_heads // self.num_key_value_heads
+        if groups == 1 or mask.shape[2] == 1:
+            return mask
+        batch, key_length = ops.shape(mask)[0], ops.shape(mask)[3]
+        stacked = ops.broadcast_to(ops.expand_dims(mask, 2), (batch, 1, groups, length, key_length))
+        return ops.reshape(stacked, (batch, 1, groups * length, key_length))
+
+    def _keyed(self, query_mask, key_padding, attention_mask, cache_index):
+        """Whether a causal mask alone decides what each query sees, leaving each its own
+        position (in the cache; without a window, key 0 too)."""
+        alone = query_mask is None and key_padding is None and attention_mask is None
+        return alone and (self.sliding_window is None or cache_index is not None)
 
     def compute_mask(self, query, previous_mask=None):
         return previous_mask
@@ -520,17 +540,27 @@ class MultiHeadAttention(keras.layers.Layer):
 
 
 def _attend_first(filled, spans, cache_length, attend):
-    """`attend(n)[0]` for the smallest `n` of `spans` (then `cache_length`) with `filled <= n`."""
+    """`attend(n)[0]` for the smallest `n` of `spans` (then `cache_length`) with `filled <= n`.
+
+    The branches nest from the largest span down: the whole cache, where attention costs the
+    most, sits behind one branch, and each further branch (that the runtime prepares anew
+    every time it runs one) costs least where the spans are short.
+    """
     lengths = [n for n in spans if n < cache_length] + [cache_length]
     if isinstance(filled, int):  # known now: no branches
         return attend(next(n for n in lengths if filled <= n))[0]
 
-    def first(lengths):
+    def within(lengths):  # the first of `lengths` holding `filled`, which the last one does
         if len(lengths) == 1:
             return attend(lengths[0])[0]
-        return ops.cond(filled <= lengths[0], lambda: attend(lengths[0])[0], lambda: first(lengths[1:]))
+        return ops.cond(filled <= lengths[-2], lambda: within(lengths[:-1]), lambda: attend(lengths[-1])[0])
 
-    return first(lengths)
+    return within(lengths)
+
+
+def _first(mask, length):
+    """The first `length` keys of a mask or bias (None stays None)."""
+    return None if mask is None else mask[..., :length]
 
 
 def _head_major(x):

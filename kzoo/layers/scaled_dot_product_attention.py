@@ -14,6 +14,7 @@ def scaled_dot_product_attention(
     key,
     value,
     mask=None,
+    bias=None,
     scale=None,
     dropout_rate=0.0,
     training=None,
@@ -39,6 +40,10 @@ def scaled_dot_product_attention(
         value: tensor `(..., T_k, d_v)`.
         mask: optional boolean tensor broadcastable to `(..., T_q, T_k)`;
             True means the query may attend to that key.
+        bias: optional float tensor broadcastable to `(..., T_q, T_k)`, added
+            to the scaled (and soft-capped) scores before the softmax; a
+            causal mask as 0 / `kzoo.ops.attention.MASKED_SCORE` gives the
+            same weights as the boolean mask (see `kzoo.ops.softmax_dropout`).
         scale: the factor applied to `Q K^T`; defaults to `1 / sqrt(d_k)`.
         dropout_rate: float in [0, 1), dropout on the attention weights when
             `training` is True.
@@ -79,7 +84,14 @@ def scaled_dot_product_attention(
         scores = ops.tanh(scores * (scale / soft_cap)) * soft_cap
         scale = 1.0
     weights = kzoo_ops.softmax_dropout(
-        scores, mask, scale=scale, rate=dropout_rate, seed=seed, training=training, return_undropped=return_scores
+        scores,
+        mask,
+        bias=bias,
+        scale=scale,
+        rate=dropout_rate,
+        seed=seed,
+        training=training,
+        return_undropped=return_scores,
     )
     weights, dropped = weights if return_scores else (None, weights)
     output = ops.matmul(dropped, value)  # (..., T_q, d_v)

@@ -197,6 +197,8 @@ def test_the_keras_reference_out_of_memory_names_the_lengths_and_writes_nothing(
 @pytest.mark.parametrize("spans", [[16], [0, 8], "half", [8.5]])
 def test_cache_spans_outside_the_cache_are_refused(saved_model, tmp_path, spans):
     # The tiny model's cache is its 16 positions: spans must be ints in [1, 15].
-    with pytest.raises(export.ExportError, match=r"`cache_spans` must be None, \"auto\" or ints in \[1, 15\]"):
+    with pytest.raises(
+        export.ExportError, match=r"`cache_spans` must be \"auto\", \"none\" \(or None\) or ints in \[1, 15\]"
+    ):
         export.export(saved_model, tmp_path / "out", "litertlm", cache_spans=spans, **QUICK)
     assert leftovers(tmp_path) == []

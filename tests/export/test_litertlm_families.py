@@ -53,14 +53,13 @@ def test_the_bundle_gives_the_greedy_text_of_keras_and_transformers(family, tmp_
     lm, reference = load_family(tmp_path / "hf", family)
     if family == "gemma3_text":
         assert lm.backbone.sliding_window < CACHE_LENGTH // 8 and lm.backbone.query_key_norm
-    # With cache spans (16 and 32 of 64 slots): every position's logits and the greedy text, past
-    # the spans and past the sliding window, through each of the attention's branches.
+    # With the default cache spans (16 and 32 of 64 slots): every position's logits and the greedy
+    # text, past the spans and past the sliding window, through each of the attention's branches.
     report = export.export(
         lm,
         tmp_path / "export",
         formats="litertlm",
         cache_length=CACHE_LENGTH,
-        cache_spans="auto",
         num_examples=4,
         latency_runs=1,
     )

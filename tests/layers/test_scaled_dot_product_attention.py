@@ -6,6 +6,7 @@ from hypothesis import settings
 from keras import ops
 
 from kzoo.layers import scaled_dot_product_attention
+from kzoo.ops.attention import MASKED_SCORE
 
 
 def reference_attention(q, k, v, mask=None, scale=None):
@@ -72,6 +73,23 @@ def test_masked_positions_get_exactly_zero_weight(mask):
     assert np.all(weights[~mask] == 0.0)
     rows_with_keys = mask.any(-1)
     np.testing.assert_allclose(weights.sum(-1)[rows_with_keys], 1.0, atol=1e-5)
+
+
+def test_a_bias_adds_to_the_scaled_scores_and_a_mask_as_bias_weighs_as_the_mask():
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.normal(size=(2, 5, 8)).astype("float32") * 4 for _ in range(3))
+    bias = rng.normal(size=(5, 5)).astype("float32")  # any additive bias, as ALiBi adds one
+    out = scaled_dot_product_attention(q, k, v, bias=bias, scale=0.3)
+    scores = q @ np.swapaxes(k, -1, -2) * 0.3 + bias
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    np.testing.assert_allclose(ops.convert_to_numpy(out), weights / weights.sum(-1, keepdims=True) @ v, atol=1e-5)
+    # A causal mask as 0 / MASKED_SCORE: the very weights of the boolean mask, masked keys at 0.
+    causal = np.tril(np.ones((5, 5), bool))
+    as_bias = np.where(causal, 0.0, MASKED_SCORE).astype("float32")
+    _, by_mask = scaled_dot_product_attention(q, k, v, mask=causal, return_scores=True)
+    _, by_bias = scaled_dot_product_attention(q, k, v, bias=as_bias, return_scores=True)
+    np.testing.assert_array_equal(ops.convert_to_numpy(by_bias), ops.convert_to_numpy(by_mask))
+    assert np.all(ops.convert_to_numpy(by_bias)[:, ~causal] == 0.0)
 
 
 def test_dropout_only_in_training_and_rate_validated():
