@@ -20,6 +20,7 @@ from keras import ops
 import kzoo
 from kzoo.ops import dropout
 from kzoo.ops import dropout_noise
+from kzoo.ops.attention import MASKED_SCORE
 
 
 @pytest.fixture(autouse=True)
@@ -74,12 +75,17 @@ def _mask():
 
 @pytest.mark.parametrize("rate", RATES)
 @pytest.mark.parametrize("return_undropped", [False, True])
-def test_softmax_dropout_fused_equals_reference(rate, return_undropped):
+@pytest.mark.parametrize("as_bias", [False, True])
+def test_softmax_dropout_fused_equals_reference(rate, return_undropped, as_bias):
     scores = tf.constant(random(2, 3, 4, 6) * 2)
+    # The mask, or a causal one as an additive bias (every row keeps a key).
+    mask, bias = (
+        (None, tf.constant(np.triu(np.full((4, 6), MASKED_SCORE, "float32"), 1))) if as_bias else (_mask(), None)
+    )
 
     def run(scores):
         return kzoo.ops.softmax_dropout(
-            scores, _mask(), scale=0.5, rate=rate, seed=5, training=True, return_undropped=return_undropped
+            scores, mask, bias=bias, scale=0.5, rate=rate, seed=5, training=True, return_undropped=return_undropped
         )
 
     assert_fused_equals_reference(run, [scores])
