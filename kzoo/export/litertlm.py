@@ -126,8 +126,11 @@ class RuntimeSignatures:
             specs.append(tf.TensorSpec(spec.shape, spec.dtype, name=runtime_name(spec.name)))
         self._functions = [_prefill(model, n, cache_length, names, specs) for n in self.prefill_lengths]
         self._functions.append(_decode(model, names, specs))
-        with cache_spans(self.spans):
-            self._concrete = [function.get_concrete_function() for function in self._functions]
+        self._concrete = []
+        for function, queries in zip(self._functions, [*self.prefill_lengths, 1]):  # decode: one token
+            # Without spans, the whole cache as before them (sliding-window layers too).
+            with cache_spans(self.spans, max_queries=queries) if self.spans else contextlib.nullcontext():
+                self._concrete.append(function.get_concrete_function())
         seen = set()
         self.variables = [v for f in self._concrete for v in f.variables if id(v) not in seen and not seen.add(id(v))]
 
@@ -142,10 +145,11 @@ def attention_spans(cache_length, spans):
     The runtime hands every call the whole cache, and LiteRT's attention over it packs all its
     keys and values, written or not: at 2,048 slots, most of a SmolLM2 step's time beyond its
     weights. With spans, a step reads the first span that holds its positions (a TFLite `IF`
-    per layer, the largest span outermost), so it costs what the position has reached. Past the
-    largest span a step runs as without spans (measured: SmolLM2's attention at 2,048 slots,
-    BENCHMARKS.md). Slicing the cache to the exact position instead makes shapes known only at
-    run time, which cost LiteRT-LM more per call than the whole attention.
+    per layer, the largest span outermost), so it costs what the position has reached; a
+    sliding-window layer reads at most its window. Past the largest span a step runs as without
+    spans (measured: SmolLM2's attention at 2,048 slots, BENCHMARKS.md). Slicing the cache to the
+    exact position instead makes shapes known only at run time, which cost LiteRT-LM more per
+    call than the whole attention.
 
     Args:
         cache_length: int.

@@ -19,12 +19,12 @@ from kzoo.validation import check_positive_int
 from kzoo.validation import check_rate
 from kzoo.validation import clone_initializer
 
-_CACHE_SPANS = contextvars.ContextVar("kzoo_cache_spans", default=())
+_CACHE_SPANS = contextvars.ContextVar("kzoo_cache_spans", default=None)  # (lengths, max_queries)
 
 
 @contextlib.contextmanager
-def cache_spans(lengths):
-    """Within it, cached causal attention reads only the first slots of the cache that it needs.
+def cache_spans(lengths, max_queries=None):
+    """Within it, cached causal attention reads only the slots of the cache that it needs.
 
     A KV cache is as long as the longest sequence served, and attention over all of it (the
     unwritten slots masked) costs every step in proportion to that length. Inside this
@@ -32,13 +32,18 @@ def cache_spans(lengths):
     attends over the first `n` slots only, for the smallest `n` of `lengths` that holds
     positions `[0, cache_index + T_q)` (else the whole cache): one static-shape branch per
     length, chosen at run time by `keras.ops.cond`, so a compiled or exported step (XLA, a
-    TFLite `IF`) skips the slots the position has not reached. The outputs are those of the
-    whole cache: the slots after the last position are masked either way. Calls with an
+    TFLite `IF`) skips the slots the position has not reached. A layer with a
+    `sliding_window` W reads, past the spans shorter than its window, only the
+    `W + T_q - 1` slots that end at its last position (a static-length slice at a run-time
+    offset), when `T_q` is known while tracing or bounded by `max_queries`. The outputs are
+    those of the whole cache: the slots left out are masked either way. Calls with an
     explicit `attention_mask` or `return_attention_scores` read the whole cache. The context
     applies while a model is called or traced, and is not saved with it.
 
     Args:
         lengths: ints >= 1, e.g. `(256, 512, 1024)`; lengths not shorter than a cache are ignored.
+        max_queries: None or an int >= 1, the most queries of a call whose query length is
+            unknown while tracing (a decode step traced for any length, run with one).
 
     Example:
     >>> mha = MultiHeadAttention(num_heads=2, key_dim=4)
@@ -50,7 +55,9 @@ def cache_spans(lengths):
     (1, 1, 8)
     """
     lengths = tuple(sorted({check_positive_int("lengths", n) for n in lengths}))
-    token = _CACHE_SPANS.set(lengths)
+    if max_queries is not None:
+        check_positive_int("max_queries", max_queries)
+    token = _CACHE_SPANS.set((lengths, max_queries))
     try:
         yield
     finally:
@@ -407,10 +414,10 @@ class MultiHeadAttention(keras.layers.Layer):
             keys, values = k[:, :, :length], v[:, :, :length]
             return self._attend(q, keys, values, _first(mask, length), _first(bias, length), training)
 
-        spans = _CACHE_SPANS.get()
+        context = _CACHE_SPANS.get()
         cache_length = k.shape[2]
         if (
-            spans
+            context is not None
             and cache_index is not None
             and cache is not None
             and use_causal_mask
@@ -418,7 +425,14 @@ class MultiHeadAttention(keras.layers.Layer):
             and not return_attention_scores
             and cache_length is not None
         ):
-            output, scores = _attend_first(cache_index + ops.shape(q)[2], spans, cache_length, attend), None
+            spans, max_queries = context
+            window = self._window_length(q.shape[2] or max_queries, cache_length)
+            if window is None:
+                last = (cache_length, attend)
+            else:  # a sliding layer: its window, which every span as long or longer holds too
+                spans = [n for n in spans if n < window]
+                last = (window, lambda length: self._attend_window(q, k, v, mask, bias, cache_index, length, training))
+            output, scores = _attend_first(cache_index + ops.shape(q)[2], spans, *last, attend), None
         else:
             output, scores = attend(None)
         output = self.output_dense(output)  # (B, T_q, d)
@@ -461,6 +475,22 @@ class MultiHeadAttention(keras.layers.Layer):
         if scores is not None:
             scores = ops.reshape(scores, (batch, self.num_heads, length, ops.shape(k)[2]))
         return output, scores
+
+    def _window_length(self, queries, cache_length):
+        """The slots a sliding-window call of `queries` (int or None) queries reads, None for the
+        whole cache: the W latest positions of its first query through its last."""
+        if self.sliding_window is None or queries is None:
+            return None
+        length = self.sliding_window + queries - 1
+        return length if length < cache_length else None
+
+    def _attend_window(self, q, k, v, mask, bias, cache_index, length, training):
+        """Attention over the `length` cache slots that end at the last query's position (from
+        slot 0 while the cache holds fewer), the mask or bias cut to the same keys."""
+        start = ops.clip(cache_index + ops.shape(q)[2] - length, 0, k.shape[2] - length)
+        keys, values = (_cut(x, 2, start, length) for x in (k, v))
+        mask, bias = (None if x is None else _cut(x, len(x.shape) - 1, start, length) for x in (mask, bias))
+        return self._attend(q, keys, values, mask, bias, training)
 
     def _grouped(self, mask, length):
         """A `(B, T_q, T_k)` mask as `(B, 1, g * T_q, T_k)`, each query's row repeated for the
@@ -539,23 +569,33 @@ class MultiHeadAttention(keras.layers.Layer):
         return super().from_config(deserialize_patterns(config, ("rotary_embedding", "query_key_norm")))
 
 
-def _attend_first(filled, spans, cache_length, attend):
-    """`attend(n)[0]` for the smallest `n` of `spans` (then `cache_length`) with `filled <= n`.
+def _attend_first(filled, spans, last, attend_last, attend):
+    """`attend(n)[0]` for the smallest `n` of `spans` shorter than `last` with `filled <= n`,
+    else `attend_last(last)[0]`.
 
-    The branches nest from the largest span down: the whole cache, where attention costs the
-    most, sits behind one branch, and each further branch (that the runtime prepares anew
-    every time it runs one) costs least where the spans are short.
+    The branches nest from the largest span down: the last branch, where attention costs the
+    most, sits behind one `IF`, and the further ones cost least where the spans are short.
     """
-    lengths = [n for n in spans if n < cache_length] + [cache_length]
+    lengths = [n for n in spans if n < last]
     if isinstance(filled, int):  # known now: no branches
-        return attend(next(n for n in lengths if filled <= n))[0]
+        length = next((n for n in lengths if filled <= n), None)
+        return attend(length)[0] if length is not None else attend_last(last)[0]
 
-    def within(lengths):  # the first of `lengths` holding `filled`, which the last one does
+    def first(lengths):  # the first of `lengths` holding `filled`, which the last one does
         if len(lengths) == 1:
             return attend(lengths[0])[0]
-        return ops.cond(filled <= lengths[-2], lambda: within(lengths[:-1]), lambda: attend(lengths[-1])[0])
+        return ops.cond(filled <= lengths[-2], lambda: first(lengths[:-1]), lambda: attend(lengths[-1])[0])
 
-    return within(lengths)
+    if not lengths:
+        return attend_last(last)[0]
+    return ops.cond(filled <= lengths[-1], lambda: first(lengths), lambda: attend_last(last)[0])
+
+
+def _cut(x, axis, start, length):
+    """`x[..., start : start + length, ...]` along `axis`, `start` known at run time only."""
+    shape = [ops.shape(x)[i] if size is None else size for i, size in enumerate(x.shape)]
+    shape[axis] = length
+    return ops.slice(x, [start if i == axis else 0 for i in range(len(shape))], shape)
 
 
 def _first(mask, length):

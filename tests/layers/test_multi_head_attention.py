@@ -151,9 +151,42 @@ def test_cache_spans_read_only_the_span_that_holds_the_positions(jit_compile):
         np.testing.assert_allclose(ops.convert_to_numpy(out), full[:, :1], atol=1e-5)
 
 
+@pytest.mark.parametrize("jit_compile", [True, False])
+def test_cache_spans_read_only_a_sliding_window_past_the_spans(jit_compile):
+    # Before each step past the span (8), the slots behind the window hold NaN: a finite output
+    # equal to the full pass shows that the step read only its window (W + T - 1 = 4 slots).
+    layer = MultiHeadAttention(num_heads=4, key_dim=4, num_key_value_heads=2, sliding_window=4)
+    x = random(1, 24, 8, seed=14)
+    full = ops.convert_to_numpy(layer(x, use_causal_mask=True))
+
+    @tf.function(
+        jit_compile=jit_compile,
+        input_signature=[tf.TensorSpec([1, None, 8])]
+        + [tf.TensorSpec([1, 2, 32, 4])] * 2
+        + [tf.TensorSpec([], tf.int32)],
+    )
+    def step(tokens, keys, values, index):
+        with cache_spans((8,), max_queries=1):  # the step traced for any token count, run with one
+            return layer(tokens, use_causal_mask=True, cache=(keys, values), cache_index=index)
+
+    empty = np.zeros((1, 2, 32, 4), "float32")
+    out, cache = step(x[:, :1], empty, empty.copy(), tf.constant(0))
+    outputs = [ops.convert_to_numpy(out)]
+    for t in range(1, 24):
+        keys, values = (ops.convert_to_numpy(c).copy() for c in cache)
+        if t >= 8:
+            keys[:, :, : t - 3], values[:, :, : t - 3] = np.nan, np.nan
+        out, cache = step(x[:, t : t + 1], keys, values, tf.constant(t))
+        outputs.append(ops.convert_to_numpy(out))
+    np.testing.assert_allclose(np.concatenate(outputs, axis=1), full, atol=1e-5)
+
+
 def test_cache_spans_refuse_a_non_positive_length():
     with pytest.raises(ValueError, match="lengths"):
         with cache_spans((16, 0)):
+            pass
+    with pytest.raises(ValueError, match="max_queries"):
+        with cache_spans((16,), max_queries=0):
             pass
 
 
