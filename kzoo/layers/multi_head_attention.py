@@ -430,7 +430,6 @@ class MultiHeadAttention(keras.layers.Layer):
             if window is None:
                 last = (cache_length, attend)
             else:  # a sliding layer: its window, which every span as long or longer holds too
-                spans = [n for n in spans if n < window]
                 last = (window, lambda length: self._attend_window(q, k, v, mask, bias, cache_index, length, training))
             output, scores = _attend_first(cache_index + ops.shape(q)[2], spans, *last, attend), None
         else:
@@ -576,19 +575,18 @@ def _attend_first(filled, spans, last, attend_last, attend):
     The branches nest from the largest span down: the last branch, where attention costs the
     most, sits behind one `IF`, and the further ones cost least where the spans are short.
     """
-    lengths = [n for n in spans if n < last]
+    branches = [(n, attend) for n in spans if n < last] + [(last, attend_last)]
     if isinstance(filled, int):  # known now: no branches
-        length = next((n for n in lengths if filled <= n), None)
-        return attend(length)[0] if length is not None else attend_last(last)[0]
+        n, branch = next(((n, f) for n, f in branches[:-1] if filled <= n), branches[-1])
+        return branch(n)[0]
 
-    def first(lengths):  # the first of `lengths` holding `filled`, which the last one does
-        if len(lengths) == 1:
-            return attend(lengths[0])[0]
-        return ops.cond(filled <= lengths[-2], lambda: first(lengths[:-1]), lambda: attend(lengths[-1])[0])
+    def within(branches):  # the first of `branches` whose length holds `filled`, else the last
+        *shorter, (n, branch) = branches
+        if not shorter:
+            return branch(n)[0]
+        return ops.cond(filled <= shorter[-1][0], lambda: within(shorter), lambda: branch(n)[0])
 
-    if not lengths:
-        return attend_last(last)[0]
-    return ops.cond(filled <= lengths[-1], lambda: first(lengths), lambda: attend_last(last)[0])
+    return within(branches)
 
 
 def _cut(x, axis, start, length):
