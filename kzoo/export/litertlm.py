@@ -47,6 +47,7 @@ from kzoo.export.tflite_conversion import TFLITE_FORMATS
 from kzoo.export.tflite_conversion import convert
 from kzoo.export.tflite_conversion import op_census
 from kzoo.layers import cache_spans
+from kzoo.layers.multi_head_attention import one_row_as_is
 from kzoo.models import TiedLogits
 
 # How a bundle's model is made: float32 converted (`tflite_conversion.convert`), and for the
@@ -129,7 +130,8 @@ class RuntimeSignatures:
         self._concrete = []
         for function, queries in zip(self._functions, [*self.prefill_lengths, 1]):  # decode: one token
             # Without spans, the whole cache as before them (sliding-window layers too).
-            with cache_spans(self.spans, max_queries=queries) if self.spans else contextlib.nullcontext():
+            spans = cache_spans(self.spans, max_queries=queries) if self.spans else contextlib.nullcontext()
+            with spans, one_row_as_is():
                 self._concrete.append(function.get_concrete_function())
         seen = set()
         self.variables = [v for f in self._concrete for v in f.variables if id(v) not in seen and not seen.add(id(v))]

@@ -20,6 +20,19 @@ from kzoo.validation import check_rate
 from kzoo.validation import clone_initializer
 
 _CACHE_SPANS = contextvars.ContextVar("kzoo_cache_spans", default=None)  # (lengths, max_queries)
+# Whether a one-row output projection gets a zero row beside it (see `MultiHeadAttention._output`).
+_PAD_ONE_ROW = contextvars.ContextVar("kzoo_pad_one_row", default=True)
+
+
+@contextlib.contextmanager
+def one_row_as_is():
+    """Traces the one-row output projection as it is: for LiteRT, where the padding row
+    `MultiHeadAttention._output` adds for XLA would be two ops more per layer."""
+    token = _PAD_ONE_ROW.set(False)
+    try:
+        yield
+    finally:
+        _PAD_ONE_ROW.reset(token)
 
 
 @contextlib.contextmanager
@@ -434,7 +447,7 @@ class MultiHeadAttention(keras.layers.Layer):
             output, scores = _attend_first(cache_index + ops.shape(q)[2], spans, *last, attend), None
         else:
             output, scores = attend(None)
-        output = self.output_dense(output)  # (B, T_q, d)
+        output = self._output(output)  # (B, T_q, d)
 
         results = (output,)
         if return_attention_scores:
@@ -442,6 +455,15 @@ class MultiHeadAttention(keras.layers.Layer):
         if cache is not None:
             results += (cache,)
         return results[0] if len(results) == 1 else results
+
+    def _output(self, heads):
+        """W^O on `(B, T_q, h, d_v)`. A single row (one sequence decoding one token) goes in
+        beside a zero row: XLA's CPU compiler fuses a one-row product whose kernel it must
+        reshape (this `(h, d_v, d)` one) into a naive loop, several times slower than the
+        matrix-vector kernel a two-row product gets; the kernel is read once either way."""
+        if heads.shape[0] == 1 and heads.shape[1] == 1 and _PAD_ONE_ROW.get():
+            return self.output_dense(ops.concatenate([heads, ops.zeros_like(heads)], axis=1))[:, :1]
+        return self.output_dense(heads)
 
     def _attend(self, q, k, v, mask, bias, training, return_scores=False):
         """Grouped attention: q `(B, h, T_q, d_k)`, k/v `(B, h_kv, T_k, d)`.

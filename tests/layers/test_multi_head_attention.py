@@ -1,3 +1,5 @@
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -6,6 +8,7 @@ from keras import ops
 
 from kzoo.layers import MultiHeadAttention
 from kzoo.layers import cache_spans
+from kzoo.layers.multi_head_attention import one_row_as_is
 from tests.layers.weights import copy_attention
 
 
@@ -224,6 +227,34 @@ def test_bad_cache_shape_and_index_raise():
         layer(x, cache=ops.zeros((2, 2, 2, 8, 4)), cache_index=0)  # a stacked tensor
     with pytest.raises(ValueError, match=r"cache_index.*\[0, 7\]"):
         layer(x, cache=layer.empty_cache(2, 8), cache_index=8)
+
+
+@pytest.mark.parametrize("use_bias", [False, True])
+def test_one_token_decode_under_xla_keeps_its_matmuls_out_of_naive_loops(use_bias):
+    # XLA's CPU compiler fuses a one-row product whose kernel it reshapes into a `kLoop`
+    # fusion (a naive loop, several times slower than its matrix-vector kernel): the
+    # (h, d_v, d) output kernel did, in every decode step, until its call got a zero row.
+    layer = MultiHeadAttention(num_heads=4, key_dim=8, num_key_value_heads=2, use_bias=use_bias)
+    x, cache = random(1, 1, 32), layer.empty_cache(1, 16)
+    layer(x, use_causal_mask=True, cache=cache, cache_index=3)
+
+    def loop(x, cache):  # as generate runs it: the step in a compiled loop
+        def body(i, x, cache):
+            y, cache = layer(x, use_causal_mask=True, cache=cache, cache_index=i)
+            return i + 1, y, cache
+
+        return tf.while_loop(lambda i, *_: i < 16, body, (0, x, cache))[1]
+
+    def naive_dots():
+        compiled = tf.function(loop, jit_compile=True).experimental_get_compiler_ir(x, cache)
+        hlo = compiled(stage="optimized_hlo")
+        with_dot = {m[1] for m in re.finditer(r"^(%\S+) .*?^}", hlo, re.M | re.S) if " dot(" in m[0]}
+        return [name for name in re.findall(r"kind=kLoop, calls=(%[^,\s]+)", hlo) if name in with_dot]
+
+    assert naive_dots() == []
+    if not use_bias:  # the test can fail: without the row, the output projection is one
+        with one_row_as_is():
+            assert len(naive_dots()) == 1
 
 
 def test_cache_with_different_key_and_value_sizes():
