@@ -14,7 +14,10 @@ alternate between the libraries after one warm-up call (compilation):
   next token's logits (the last position's), in tokens/s.
 - `int8`: kzoo's `generate` after `quantize("int8")`, against float32.
 - `lora_step`: one LoRA (rank 8 on the query and value projections) training step on a batch of
-  8 x 128 tokens, kzoo against keras-hub's `enable_lora(8)` on the same model, in ms.
+  8 x 128 tokens, kzoo against keras-hub's `enable_lora(8)` on the same model, in ms; and
+  `reply_lora_step`, the same batch with the loss on each row's last 16 tokens alone, as a chat
+  fine-tune counts a reply (kzoo: `recipes/chat_finetune.py`'s `ReplyLogits`, the LM head at
+  those positions; keras-hub: the positions as sample weights).
 - `load`: reading the GGUF file into a model, kzoo against transformers' `from_pretrained(gguf_file=...)`.
 
     python -m benchmarks.llm [--rounds 3] [--new-tokens 64] [--out llm.json]
@@ -35,7 +38,7 @@ from benchmarks.common import report  # noqa: E402
 from benchmarks.common import wait_for_quiet  # noqa: E402
 
 PRESET = "smollm2_135m_instruct"
-LORA_BATCH, LORA_LENGTH = 8, 128
+LORA_BATCH, LORA_LENGTH, LORA_REPLY = 8, 128, 16
 
 
 def timed(fn):
@@ -152,6 +155,7 @@ def main():
     int8 = rounds({"int8": int8_run, "float32": runs["kzoo"]}, args.rounds)
 
     lora = lora_steps(args.folder, lm.backbone.norm_epsilon, args.rounds)
+    reply_lora = lora_steps(args.folder, lm.backbone.norm_epsilon, args.rounds, reply=LORA_REPLY)
     load = rounds(
         {
             "kzoo": lambda: kzoo.models.CausalLM.from_preset(PRESET),
@@ -174,6 +178,8 @@ def main():
         "int8_over_float32_generate": round(int8["float32"] / int8["int8"], 2),
         "lora_step_ms": {k: round(1000 * v, 1) for k, v in lora.items()},
         "lora_step_kzoo_speedup_over_keras_hub": round(lora["keras_hub"] / lora["kzoo"], 2),
+        "reply_lora_step_ms": {k: round(1000 * v, 1) for k, v in reply_lora.items()},
+        "reply_lora_step_kzoo_speedup_over_keras_hub": round(reply_lora["keras_hub"] / reply_lora["kzoo"], 2),
         "gguf_load_s": {k: round(v, 2) for k, v in load.items()},
     }
     report("llm", results, args.out)
@@ -187,20 +193,45 @@ def gguf_in_transformers():
     return transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name)
 
 
-def lora_steps(folder, epsilon, count):
-    """Median seconds of one LoRA training step, kzoo against keras-hub, same batch."""
+def lora_steps(folder, epsilon, count, reply=None):
+    """Median seconds of one LoRA training step, kzoo against keras-hub, same batch.
+
+    With `reply`, the loss counts the last `reply` positions of each row alone, as a chat
+    fine-tune's does (the reply's tokens): kzoo trains as `recipes/chat_finetune.py` does,
+    through its `ReplyLogits` (the LM head at those positions alone), and keras-hub gets the
+    same positions as sample weights (its head runs everywhere).
+    """
     rng = np.random.default_rng(1)
     ids = rng.integers(1, 49152, (LORA_BATCH, LORA_LENGTH + 1)).astype("int32")
     mask = np.ones((LORA_BATCH, LORA_LENGTH), "int32")
     x, y = {"token_ids": ids[:, :-1], "padding_mask": mask}, ids[:, 1:]
     ours = kzoo.models.CausalLM.from_preset(PRESET)
     hub = keras_hub_model(folder, epsilon)
-    for model in (ours, hub):
-        model.backbone.enable_lora(8)
+    batches = {"kzoo": (x, y, None), "keras_hub": (x, y, None)}
+    if reply:
+        positions = np.broadcast_to(np.arange(LORA_LENGTH - reply, LORA_LENGTH, dtype="int32"), (LORA_BATCH, reply))
+        weights = np.zeros((LORA_BATCH, LORA_LENGTH), "float32")
+        weights[:, -reply:] = 1.0
+        batches = {"kzoo": ({**x, "positions": positions}, y[:, -reply:], None), "keras_hub": (x, y, weights)}
+    models = {"kzoo": reply_logits(ours) if reply else ours, "keras_hub": hub}
+    for model, owner in ((models["kzoo"], ours), (hub, hub)):
+        owner.backbone.enable_lora(8)
         loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         model.compile(optimizer=keras.optimizers.Adam(1e-4), loss=loss)
-        model.train_on_batch(x, y)  # tracing
-    return rounds({"kzoo": lambda: ours.train_on_batch(x, y), "keras_hub": lambda: hub.train_on_batch(x, y)}, count)
+    calls = {name: (lambda m=models[name], b=batches[name]: m.train_on_batch(*b)) for name in models}
+    for call in calls.values():
+        call()  # tracing
+    return rounds(calls, count)
+
+
+def reply_logits(lm):
+    """`recipes/chat_finetune.py`'s training model on `lm`."""
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recipes"))
+    from chat_finetune import ReplyLogits
+
+    return ReplyLogits(lm)
 
 
 if __name__ == "__main__":
