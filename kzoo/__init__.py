@@ -5,12 +5,13 @@
 
 __version__ = "0.1.0"
 
+from kzoo import config
 from kzoo import logs
 
+config.add_xla_flags()
 # First, so that TensorFlow's lines at import follow TF_CPP_MIN_LOG_LEVEL (see kzoo.logs).
 logs.import_tensorflow()
 
-from kzoo import config  # noqa: E402
 from kzoo import layers  # noqa: E402
 from kzoo import models  # noqa: E402
 from kzoo import ops  # noqa: E402

@@ -10,7 +10,35 @@ always when fused training is off, the plain one runs. Both compute the same
 values and gradients.
 """
 
+import os
+
 _fused_training = True
+
+# XLA options kzoo sets for the processes that import it, unless XLA_FLAGS names them already
+# (XLA reads XLA_FLAGS once, at its first compilation).
+XLA_FLAGS = {
+    # Without copy insertion's region analysis, XLA's CPU compiler copies every KV cache of a
+    # compiled generation loop twice per step (it duplicates the cache update into two fusions).
+    "xla_cpu_copy_insertion_use_region_analysis": "true",
+}
+
+
+def add_xla_flags(environ=os.environ):
+    """Appends `XLA_FLAGS`'s options to `environ["XLA_FLAGS"]`, each one it does not name yet.
+
+    `import kzoo` calls it. To keep XLA's own default, name the option with its default value,
+    e.g. `XLA_FLAGS=--xla_cpu_copy_insertion_use_region_analysis=false`.
+
+    Example:
+    >>> environ = {"XLA_FLAGS": "--xla_dump_to=/tmp/dump"}
+    >>> add_xla_flags(environ)
+    >>> environ["XLA_FLAGS"]
+    '--xla_dump_to=/tmp/dump --xla_cpu_copy_insertion_use_region_analysis=true'
+    """
+    flags = environ.get("XLA_FLAGS", "").split()
+    named = {flag.split("=")[0].lstrip("-") for flag in flags}
+    flags += [f"--{name}={value}" for name, value in XLA_FLAGS.items() if name not in named]
+    environ["XLA_FLAGS"] = " ".join(flags)
 
 
 def set_fused_training(enabled):
