@@ -21,8 +21,21 @@ def pytest_xdist_auto_num_workers(config):
     return math.ceil(WORKERS_PER_CORE * cores)
 
 
+# The longest tests (a minute or more each on 2 cores), started first: xdist hands tests out in
+# order, and one of these started last keeps a worker busy long after the others are done.
+LONGEST_FIRST = (
+    "tests/test_docs.py::test_readme_examples_run",
+    "tests/recipes/test_chat_finetune.py::test_translation_scores_greedy_replies_with_bleu",
+    "tests/training/test_distributed_fit.py::test_a_killed_run_resumes",
+    "tests/recipes/test_resume.py::test_a_killed_recipe_reruns",
+    "tests/recipes/test_lm_compare.py",
+    "tests/export/test_quiet.py",
+)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `slow` run only with KZOO_SLOW=1 (the README says which)."""
+    """The longest tests first; tests marked `slow` run only with KZOO_SLOW=1 (the README says which)."""
+    items.sort(key=lambda item: not item.nodeid.startswith(LONGEST_FIRST))  # stable: the rest keep their order
     if os.environ.get("KZOO_SLOW") == "1":
         return
     skip = pytest.mark.skip(reason="slow: set KZOO_SLOW=1 to run")

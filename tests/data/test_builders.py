@@ -87,6 +87,7 @@ def test_a_changed_corpus_is_prepared_again_never_read_stale(tfds_dir, write_cor
 
 def test_preparing_prints_kzoo_s_line_alone(tfds_dir, write_corpus, capsys):
     source = write_corpus({"tinyshakespeare/input.txt": "ROMEO: a" * 10})
+    tfds.enable_progress_bar()  # the caller's setting (a test before, in this worker, may have turned it off)
     load("kzoo_tiny_shakespeare", "train", tfds_dir / "quiet", source_dir=source)
     captured = capsys.readouterr()
     assert captured.out.splitlines() == [
