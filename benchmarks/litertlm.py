@@ -117,17 +117,28 @@ def keras_speed(lm, prompt_ids, new_tokens, repeats):
     return {"new_tokens_per_second": new_tokens / statistics.median(times)}
 
 
-def read_bandwidth(num_bytes, repeats=5):
-    """Bytes/s at which TensorFlow sums a float32 array of `num_bytes` (both cores)."""
+def bandwidth_meter(num_bytes, repeats=5):
+    """A function that returns the bytes/s at which TensorFlow sums a float32 array of
+    `num_bytes` (both cores) when it is called: the array is made once, so that a benchmark can
+    take the host's bandwidth beside each of its runs (it moves between minutes)."""
     array = tf.random.uniform([num_bytes // 4])
     total = tf.function(tf.reduce_sum)
     total(array).numpy()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        total(array).numpy()
-        times.append(time.perf_counter() - start)
-    return num_bytes / min(times)
+
+    def measure():
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            total(array).numpy()
+            times.append(time.perf_counter() - start)
+        return num_bytes / min(times)
+
+    return measure
+
+
+def read_bandwidth(num_bytes, repeats=5):
+    """Bytes/s at which TensorFlow sums a float32 array of `num_bytes` (both cores), now."""
+    return bandwidth_meter(num_bytes, repeats)()
 
 
 def scale(args):

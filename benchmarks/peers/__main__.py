@@ -11,8 +11,10 @@ original Q4_1 GGUF, in one run, beside any kzoo bundles given.
    down; medians over the rounds;
 5. the floor of each bundle's decode step: its model's bytes (the weights at their precision)
    plus the KV cache's (float32, every slot), read once at the bandwidth a TensorFlow sum reads
-   in this process; and the "filled" floor, with only the slots a step at the decode's mean
-   position has written (256 + 64: what a runtime that reads no empty slot reads, as llama.cpp).
+   in this process just after each of the bundle's runs (the host's bandwidth moves between
+   minutes); decode over floor is the median over the runs; and the "filled" floor, with only
+   the slots a step at the decode's mean position has written (256 + 64: what a runtime that
+   reads no empty slot reads, as llama.cpp).
 
     python -m benchmarks.peers [--bundle "kzoo int8=export/model_int8.litertlm" ...] [--rounds 3] \
         [--litert-torch-json peers.json] [--out peers_run.json]
@@ -31,6 +33,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from benchmarks import peers  # noqa: E402
 from benchmarks.common import report  # noqa: E402
 from benchmarks.common import wait_for_quiet  # noqa: E402
+from benchmarks.litertlm import bandwidth_meter  # noqa: E402
 
 CHAT = "What is the capital of France? Answer in one sentence."
 PROMPT_TOKENS, NEW_TOKENS = 256, 128
@@ -70,13 +73,15 @@ def llama_cpp_round(gguf):
     return record["speed"]["runs"][0]
 
 
-def speeds(bundles, gguf, rounds):
-    """`rounds` interleaved rounds of every bundle in LiteRT-LM and of llama.cpp on `gguf`."""
+def speeds(bundles, gguf, rounds, bandwidth):
+    """`rounds` interleaved rounds of every bundle in LiteRT-LM and of llama.cpp on `gguf`; each
+    bundle's run records the host's read bandwidth (`bandwidth()`) taken just after it."""
     runs = {name: [] for name in [*bundles, "llama.cpp Q4_1"]}
     for _ in range(rounds):
         for name, path in bundles.items():
             quiet = wait_for_quiet(60)
-            runs[name].append({**peers.runtime_speed(path, PROMPT_TOKENS, NEW_TOKENS), "quiet": quiet})
+            run = peers.runtime_speed(path, PROMPT_TOKENS, NEW_TOKENS)
+            runs[name].append({**run, "quiet": quiet, "read_bandwidth_bytes_per_second": bandwidth()})
         quiet = wait_for_quiet(60)
         runs["llama.cpp Q4_1"].append({**llama_cpp_round(gguf), "quiet": quiet})
     rates = ("prefill_tokens_per_second", "decode_tokens_per_second")
@@ -93,29 +98,40 @@ def kv_cache_bytes(folder, slots):
     return 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim * slots * 4
 
 
-def floors(bundles, folder, speed):
-    """Each bundle's decode floor in tokens/s and its decode rate over it (`speeds`' medians)."""
-    from benchmarks.litertlm import read_bandwidth
+def step_bytes(record, folder, slots=None):
+    """The bytes a decode step of the bundle `record` (`bundle_contents`) reads at least: its
+    model (the weights at their precision) and a float32 KV cache of `slots` positions (default:
+    every slot of the bundle's cache)."""
+    model = max(section["bytes"] for section in record["sections"] if "TFLite" in section["type"])
+    return model + kv_cache_bytes(folder, slots or record["max_num_tokens"])
 
-    step_bytes, filled_bytes = {}, {}
-    for name, record in bundles.items():
-        model = max(section["bytes"] for section in record["sections"] if "TFLite" in section["type"])
-        step_bytes[name] = model + kv_cache_bytes(folder, record["max_num_tokens"])
-        filled_bytes[name] = model + kv_cache_bytes(folder, FILLED_SLOTS)
-    bandwidth = read_bandwidth(max(step_bytes.values()))
+
+def floors(bundles, folder, speed):
+    """Each bundle's decode rate over its floor: for every run, the step's bytes read once at the
+    bandwidth taken beside that run (`speeds`); medians over the runs."""
     rows = {}
-    for name, size in step_bytes.items():
-        floor, filled = bandwidth / size, bandwidth / filled_bytes[name]
-        rate = speed[name]["median"]["decode_tokens_per_second"]
+    for name, record in bundles.items():
+        whole, filled = step_bytes(record, folder), step_bytes(record, folder, FILLED_SLOTS)
+        runs = speed[name]["runs"]
+        bandwidths = [run["read_bandwidth_bytes_per_second"] for run in runs]
+        rates = [run["decode_tokens_per_second"] for run in runs]
         rows[name] = {
-            "step_bytes": size,
-            "floor_tokens_per_second": floor,
-            "decode_over_floor": rate / floor,
-            "filled_step_bytes": filled_bytes[name],
-            "filled_floor_tokens_per_second": filled,
-            "decode_over_filled_floor": rate / filled,
+            "step_bytes": whole,
+            "floor_tokens_per_second": statistics.median(b / whole for b in bandwidths),
+            "decode_over_floor": statistics.median(r * whole / b for r, b in zip(rates, bandwidths)),
+            "filled_step_bytes": filled,
+            "filled_floor_tokens_per_second": statistics.median(b / filled for b in bandwidths),
+            "decode_over_filled_floor": statistics.median(r * filled / b for r, b in zip(rates, bandwidths)),
         }
-    return {"read_bandwidth_bytes_per_second": bandwidth, "filled_slots": FILLED_SLOTS, "bundles": rows}
+    bandwidths = [run["read_bandwidth_bytes_per_second"] for name in bundles for run in speed[name]["runs"]]
+    return {
+        "read_bandwidth_bytes_per_second": {
+            "median": statistics.median(bandwidths),
+            "range": [min(bandwidths), max(bandwidths)],
+        },
+        "filled_slots": FILLED_SLOTS,
+        "bundles": rows,
+    }
 
 
 def main():
@@ -139,17 +155,19 @@ def main():
         bundles = {f"litert-torch {name}": record["path"] for name, record in exported["bundles"].items()}
         bundles.update(extra)
         prompt = rendered_chat(folder)
+        records = {
+            name: {**peers.bundle_contents(path), "chat": peers.chat_reply(path, prompt)["reply"]}
+            for name, path in bundles.items()
+        }
+        bandwidth = bandwidth_meter(max(step_bytes(record, folder) for record in records.values()))
         results = {
             "cpu_flags": cpu_flags(),
             "litert_torch_export": exported,
-            "bundles": {
-                name: {**peers.bundle_contents(path), "chat": peers.chat_reply(path, prompt)["reply"]}
-                for name, path in bundles.items()
-            },
+            "bundles": records,
             "llama_cpp_chat": peers.llama_cpp_bench(gguf, "--repeats", 0, "--chat", CHAT)["chat"],
-            "speed": speeds(bundles, gguf, args.rounds),
+            "speed": speeds(bundles, gguf, args.rounds, bandwidth),
         }
-        results["floor"] = floors(results["bundles"], folder, results["speed"])
+        results["floor"] = floors(records, folder, results["speed"])
     for record in results["bundles"].values():
         record["chat_template"] = record["chat_template"] is not None
     return report("peers", results, args.out)
