@@ -251,6 +251,13 @@ def strings(dataset):
     return [text.decode("utf-8") for batch in dataset.batch(4096).as_numpy_iterator() for text in batch]
 
 
+def pairs(dataset):
+    """The `(a, b)` elements of a dataset of scalar pairs (`as_supervised`), as a Python list, read
+    in large batches: one at a time, each element costs tf.data a Python round trip (a minute for
+    Tatoeba's pairs)."""
+    return [pair for first, second in dataset.batch(4096).as_numpy_iterator() for pair in zip(first, second)]
+
+
 def add_vocabulary_arguments(parser):
     """`--vocabulary-size` and `--vocabulary-texts`, for `word_piece_tokenizer`; see `VOCABULARY_DEFAULTS`."""
     parser.add_argument("--vocabulary-size", type=int, help="WordPiece vocabulary size, special tokens included")

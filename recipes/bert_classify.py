@@ -64,7 +64,7 @@ def main(argv=None):
     run = _common.start(args)
     train = _common.load(args, args.dataset, "train", as_supervised=True)
     test = _common.load(args, args.dataset, "test", as_supervised=True)
-    texts, labels = zip(*((text.decode("utf-8"), int(label)) for text, label in train.as_numpy_iterator()))
+    texts, labels = zip(*((text.decode("utf-8"), int(label)) for text, label in _common.pairs(train)))
     num_classes = max(labels) + 1
     steps_per_epoch = _common.steps_per_epoch(args, math.ceil(len(texts) / args.batch_size))
 

@@ -348,7 +348,7 @@ def load_task(args):
     test = _common.load(args, args.dataset, "test", as_supervised=True)
     if args.evaluation_examples:
         test = test.take(args.evaluation_examples)
-    train, test = list(train.as_numpy_iterator()), list(test.as_numpy_iterator())
+    train, test = _common.pairs(train), _common.pairs(test)
     if args.task == "sentiment":
         return (
             {
@@ -384,15 +384,18 @@ def chat_examples(tokenizer, conversations, replies):
     if end_of_turn is None:
         raise ValueError("The tokenizer's chat template closes a reply with no token of its own.")
     end_id = tokenizer.token_to_id(end_of_turn)
+    answered = [[*messages, {"role": "assistant", "content": reply}] for messages, reply in zip(conversations, replies)]
+    # Rendered one by one, tokenized in one call (the tokenizer's batch encoding is the cost).
+    prompts = tokenizer.tokenize(
+        [tokenizer.apply_chat_template(messages, add_generation_prompt=True) for messages in conversations]
+    )
+    wholes = tokenizer.tokenize([tokenizer.apply_chat_template(messages) for messages in answered])
     examples = []
-    for messages, reply in zip(conversations, replies):
-        answered = [*messages, {"role": "assistant", "content": reply}]
-        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        whole = tokenizer.apply_chat_template(answered, tokenize=True)
+    for prompt, whole, messages in zip(prompts, wholes, answered):
         if whole[: len(prompt)] != prompt or end_id not in whole[len(prompt) :]:
             raise ValueError(
                 "The chat template does not write a conversation as its prompt followed by the reply and "
-                f"{end_of_turn}: {tokenizer.apply_chat_template(answered)!r}"
+                f"{end_of_turn}: {tokenizer.apply_chat_template(messages)!r}"
             )
         rest = whole[len(prompt) :]
         examples.append((prompt, rest[: rest.index(end_id) + 1]))
