@@ -1,3 +1,6 @@
+import contextlib
+import gc
+
 import keras
 
 from kzoo.models import hf_checkpoint
@@ -112,6 +115,11 @@ class Backbone(keras.Model):
                 layer.bias.trainable = False  # LoRA adapts the kernels only
         return adapted
 
+    def quantize(self, mode=None, config=None, filters=None, **kwargs):
+        """`keras.Model.quantize`, with the heap frozen meanwhile (see `frozen_heap`)."""
+        with frozen_heap():
+            super().quantize(mode, config=config, filters=filters, **kwargs)
+
     def get_config(self):
         # Not chained to keras.Model: a functional config is a layer graph,
         # while a backbone is rebuilt from its constructor arguments.
@@ -149,7 +157,28 @@ def from_constructor_config(cls, config):
     if isinstance(config.get("dtype"), dict):
         config["dtype"] = keras.dtype_policies.deserialize(config["dtype"])
     model = cls(**config)
-    for layer in model._flatten_layers(include_self=False):
-        if layer.path in quantized and layer.quantization_mode is None:
-            layer.quantize(quantized[layer.path])
+    with frozen_heap():
+        for layer in model._flatten_layers(include_self=False):
+            if layer.path in quantized and layer.quantization_mode is None:
+                layer.quantize(quantized[layer.path])
     return model
+
+
+@contextlib.contextmanager
+def frozen_heap():
+    """Keras collects garbage each time a layer drops a variable (`Layer.__delattr__`), so once
+    for every kernel that quantizing replaces, and a full collection walks every object the
+    process tracks (half a million once TensorFlow is imported): a minute for a model of a few
+    hundred kernels. Inside, the objects that existed on entry are frozen (`gc.freeze`) and those
+    collections walk only the new ones; on exit they are unfrozen and collected once, which frees
+    the replaced kernels. A process that froze objects itself keeps its state: then nothing is
+    done."""
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        gc.collect()

@@ -8,6 +8,7 @@ from kzoo.models import hf_checkpoint
 from kzoo.models import presets
 from kzoo.models.backbone import add_quantization_config
 from kzoo.models.backbone import from_constructor_config
+from kzoo.models.backbone import frozen_heap
 from kzoo.models.cross_entropy import TokenCrossEntropy
 from kzoo.models.generation import check_token_ids
 from kzoo.models.multi_worker_trainer_mixin import MultiWorkerTrainerMixin
@@ -260,7 +261,8 @@ class Task(MultiWorkerTrainerMixin, keras.Model):
             # Keras warns for each layer it leaves as it is: norms, positions and blocks, which hold
             # no matrix of their own, are no problem of the user's.
             warnings.filterwarnings("ignore", message=r"Layer \w+ does not have a `quantize` method implemented")
-            super().quantize(mode, config=config, filters=filters, **kwargs)
+            with frozen_heap():
+                super().quantize(mode, config=config, filters=filters, **kwargs)
 
     def export_to_transformers(self, path):
         """Writes the task as a Hugging Face folder (`config.json`, `model.safetensors` and

@@ -115,13 +115,6 @@ def _case(name):
     return model, train, test
 
 
-@pytest.fixture(autouse=True)
-def no_garbage_collection_per_kernel(monkeypatch):
-    """Keras runs gc.collect() for each kernel it quantizes: up to seconds each in a process that
-    holds TensorFlow, torch and the suite's models, for tiny kernels not worth it."""
-    monkeypatch.setattr(gc, "collect", lambda generation=2: 0)
-
-
 # By default a transformer (attention, feed-forward, embeddings and the tied table, the layers every
 # transformer task shares) and a recurrent model; KZOO_SLOW=1 runs every task model.
 DEFAULT_TASKS = ["GPTCausalLM", "BiLSTMTagger"]
@@ -171,8 +164,7 @@ def test_int8_quantization_stays_close_to_float32_and_reloads(name, tmp_path):
 # Reloads each quantized `.keras` file in a fresh process with `import kzoo` alone and gives, for the
 # same strings, what the test computed in this process: the text outputs and the logits.
 _RELOAD_AND_RUN = """
-import gc, json, sys
-gc.collect = lambda generation=2: 0  # see no_garbage_collection_per_kernel
+import json, sys
 import keras
 import numpy as np
 import kzoo
@@ -242,3 +234,28 @@ def test_quantize_warns_about_no_layer_it_leaves_as_it_is():
         lm.quantize("int8")
     assert [str(w.message) for w in caught if "quantize" in str(w.message)] == []
     assert lm.backbone.transformer_blocks[0].self_attention.query_dense.quantization_mode == "int8"
+
+
+@pytest.mark.parametrize("model", ["task", "backbone"])
+def test_the_collections_keras_runs_per_kernel_walk_only_new_objects(model, monkeypatch):
+    # Keras collects garbage for every kernel it replaces; kzoo freezes the objects that existed
+    # before (a process holds half a million), and unfreezes and collects them once at the end.
+    lm = models.CausalLM.from_preset("llama_tiny")
+    target = lm if model == "task" else lm.backbone
+    frozen_at_each_collection = []
+    collect = gc.collect
+    monkeypatch.setattr(
+        gc, "collect", lambda *args: frozen_at_each_collection.append(gc.get_freeze_count()) or collect(*args)
+    )
+    gc.unfreeze()  # as in a process that froze nothing (the suite freezes after each test)
+    existing = len(gc.get_objects())
+    target.quantize("int8")
+    *per_kernel, last = frozen_at_each_collection
+    assert len(per_kernel) >= lm.backbone.num_layers * 4
+    assert min(per_kernel) >= 0.9 * existing
+    assert last == 0 and gc.get_freeze_count() == 0
+    # A process that froze objects itself keeps them frozen.
+    gc.freeze()
+    frozen = gc.get_freeze_count()
+    models.CausalLM.from_preset("llama_tiny").quantize("int8")
+    assert gc.get_freeze_count() >= 0.9 * frozen  # less the frozen objects freed meanwhile
