@@ -157,10 +157,11 @@ def from_constructor_config(cls, config):
     if isinstance(config.get("dtype"), dict):
         config["dtype"] = keras.dtype_policies.deserialize(config["dtype"])
     model = cls(**config)
-    with frozen_heap():
-        for layer in model._flatten_layers(include_self=False):
-            if layer.path in quantized and layer.quantization_mode is None:
-                layer.quantize(quantized[layer.path])
+    if quantized:
+        with frozen_heap():
+            for layer in model._flatten_layers(include_self=False):
+                if layer.path in quantized and layer.quantization_mode is None:
+                    layer.quantize(quantized[layer.path])
     return model
 
 
