@@ -112,9 +112,8 @@ def train_seq2seq(args, run, train, validation, source_length, target_length, lo
 
 def test_pairs(test, limit):
     """The first `limit` (or all) test pairs as two lists of strings."""
-    pairs = test.take(limit) if limit else test
-    sources, references = zip(*((s.decode("utf-8"), t.decode("utf-8")) for s, t in pairs.as_numpy_iterator()))
-    return list(sources), list(references)
+    pairs = _common.pairs(test.take(limit) if limit else test)
+    return [source.decode("utf-8") for source, _ in pairs], [target.decode("utf-8") for _, target in pairs]
 
 
 def decode(model, tokenizer, sources, source_length, target_length, batch_size):
