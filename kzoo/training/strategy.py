@@ -61,13 +61,65 @@ def get_strategy(name="auto"):
 
 
 def _tf_config():
+    """`TF_CONFIG` as a dict ({} when unset), its shape checked: TensorFlow's resolver and the
+    cluster count above would otherwise fail on a malformed one with a raw AttributeError.
+
+    Raises:
+        ValueError: naming TF_CONFIG, what is wrong in it and its text.
+    """
     text = os.environ.get("TF_CONFIG")
     if not text:
         return {}
     try:
-        return json.loads(text)
+        tf_config = json.loads(text)
     except json.JSONDecodeError as error:
         raise ValueError(f"TF_CONFIG is not valid JSON ({error}): {text!r}") from None
+    problems = _tf_config_problems(tf_config)
+    if problems:
+        raise ValueError(
+            "TF_CONFIG must be a JSON object such as "
+            '{"cluster": {"worker": ["host1:12345", "host2:12345"]}, "task": {"type": "worker", "index": 0}}; '
+            f"in {text!r}: " + "; ".join(problems) + "."
+        )
+    return tf_config
+
+
+def _tf_config_problems(tf_config):
+    """What is wrong with a parsed `TF_CONFIG`: a list of sentences, empty when nothing is."""
+    if not isinstance(tf_config, dict):
+        return [f"it is a JSON {_json_kind(tf_config)}, not an object"]
+    problems = []
+    cluster = tf_config.get("cluster", {})
+    if not isinstance(cluster, dict):
+        problems.append(
+            f"'cluster' must map task types to lists of 'host:port' addresses; it is a {_json_kind(cluster)} "
+            f"({json.dumps(cluster)[:80]})"
+        )
+        cluster = {}
+    for task_type, addresses in cluster.items():
+        if not isinstance(addresses, list) or not all(isinstance(address, str) for address in addresses):
+            problems.append(
+                f"cluster[{task_type!r}] must be a list of 'host:port' strings; it is {json.dumps(addresses)[:80]}"
+            )
+    task = tf_config.get("task", {})
+    if not isinstance(task, dict):
+        return problems + [f"'task' must be an object with a 'type' and an 'index'; it is {json.dumps(task)[:80]}"]
+    task_type, index = task.get("type"), task.get("index", 0)
+    if task and not isinstance(task_type, str):
+        problems.append(f"task 'type' must be a string such as 'worker'; it is {json.dumps(task_type)[:80]}")
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        problems.append(f"task 'index' must be an integer >= 0; it is {json.dumps(index)[:80]}")
+    elif isinstance(cluster.get(task_type), list) and index >= len(cluster[task_type]):
+        problems.append(
+            f"task 'index' is {index}, but cluster[{task_type!r}] lists {len(cluster[task_type])} address(es)"
+        )
+    return problems
+
+
+def _json_kind(value):
+    """The JSON name of a parsed value's type, for messages."""
+    kinds = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number"}
+    return "null" if value is None else kinds.get(type(value), type(value).__name__)
 
 
 def _multi_worker_strategy():

@@ -34,6 +34,34 @@ def test_bad_tf_config_is_a_clear_error(tf_config, message, monkeypatch):
         kzoo.training.get_strategy("multi_worker")
 
 
+@pytest.mark.parametrize("name", ["multi_worker", "auto"])
+@pytest.mark.parametrize(
+    "tf_config, message",
+    [
+        (
+            '{"cluster": 5, "task": "x"}',
+            "'cluster' must map task types to lists of 'host:port' addresses; it is a number",
+        ),
+        ("[]", "it is a JSON array, not an object"),
+        (
+            '{"cluster": {"worker": "notalist"}, "task": {"type": "worker", "index": "a"}}',
+            "cluster['worker'] must be a list of 'host:port' strings; it is \"notalist\"; "
+            "task 'index' must be an integer >= 0; it is \"a\"",
+        ),
+        ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 1}}', "lists 1 address(es)"),
+    ],
+    ids=["cluster_a_number", "an_array", "addresses_and_index_not_lists_and_ints", "index_past_the_cluster"],
+)
+def test_a_malformed_tf_config_is_named_not_an_attribute_error(name, tf_config, message, monkeypatch):
+    """Garbage in TF_CONFIG is refused with what is wrong in it, before TensorFlow reads it."""
+    monkeypatch.setenv("TF_CONFIG", tf_config)
+    monkeypatch.delenv("TPU_NAME", raising=False)
+    with pytest.raises(ValueError) as raised:
+        kzoo.training.get_strategy(name)
+    assert str(raised.value).startswith("TF_CONFIG must be a JSON object such as")
+    assert message in str(raised.value) and repr(tf_config) in str(raised.value)
+
+
 def test_auto_and_cpu_on_a_cpu_machine(monkeypatch):
     monkeypatch.delenv("TF_CONFIG", raising=False)
     monkeypatch.delenv("TPU_NAME", raising=False)
