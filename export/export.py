@@ -20,6 +20,7 @@ Examples:
 """
 
 import argparse
+import math
 import os
 import sys
 
@@ -37,7 +38,8 @@ def count(text):
     return value
 
 
-def parse_args(argv):
+def make_parser():
+    """The command line's parser (`main` also reports through it the formats of `--quality-bound`)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "model", help="the .keras file of a kzoo model, a GGUF file, or a preset with weights (smollm2_135m_instruct)"
@@ -85,6 +87,7 @@ def parse_args(argv):
     parser.add_argument(
         "--quality-bound",
         action="append",
+        type=quality_bound,
         default=[],
         metavar="FORMAT=NATS",
         help="largest held-out cross-entropy increase allowed for a quantized format, e.g. tflite_int8=0.2 "
@@ -98,7 +101,7 @@ def parse_args(argv):
     parser.add_argument(
         "--verbose", action="store_true", help="also show TensorFlow's and LiteRT's own log lines (see kzoo.logs)"
     )
-    return parser.parse_args(argv)
+    return parser
 
 
 def spans(text):
@@ -117,15 +120,31 @@ def lengths(text):
     return values
 
 
-def quality_bounds(pairs):
-    bounds = {}
-    for pair in pairs:
-        name, _, value = pair.partition("=")
-        try:
-            bounds[name] = float(value)
-        except ValueError:
-            raise SystemExit(f"--quality-bound takes FORMAT=NATS, e.g. tflite_int8=0.2; received {pair!r}.")
-    return bounds
+def quality_bound(text):
+    """ "tflite_int8=0.2" -> ("tflite_int8", 0.2), the bound a finite number >= 0 (argparse type;
+    the format is checked by `quality_bounds`, once kzoo is imported)."""
+    name, equals, value = text.partition("=")
+    try:
+        nats = float(value)
+    except ValueError:
+        nats = math.nan
+    if not equals or not name.strip() or not math.isfinite(nats) or nats < 0:
+        raise argparse.ArgumentTypeError(
+            f"takes FORMAT=NATS, NATS a finite number >= 0, e.g. tflite_int8=0.2; received {text!r}"
+        )
+    return name.strip(), nats
+
+
+def quality_bounds(parser, pairs, known):
+    """The `--quality-bound` pairs as a dict, each format one of `known` (a misspelt one would
+    otherwise be ignored); exits through `parser.error` before the export starts."""
+    for name, nats in pairs:
+        if name not in known:
+            parser.error(
+                f"argument --quality-bound: {name!r} has no quality bound; choose from {', '.join(known)}; "
+                f"received {name}={nats:g}"
+            )
+    return dict(pairs)
 
 
 def summary(report):
@@ -151,13 +170,15 @@ def summary(report):
 
 
 def main(argv=None):
-    args = parse_args(argv)
+    parser = make_parser()
+    args = parser.parse_args(argv)
     if args.verbose:  # before kzoo imports TensorFlow: kzoo.logs leaves a level that is set alone
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0")
     import kzoo
     from kzoo import export as kzoo_export
 
     kzoo.logs.quiet(args.verbose)  # the Python loggers (tensorflow-datasets' notes) and known warnings
+    bounds = quality_bounds(parser, args.quality_bound, kzoo_export.verification.QUALITY_BOUNDS)
     try:
         report = kzoo_export.export(
             args.model,
@@ -172,7 +193,7 @@ def main(argv=None):
             num_representative=args.num_representative,
             generate_tokens=args.generate_tokens,
             latency_runs=args.latency_runs,
-            quality_bounds=quality_bounds(args.quality_bound),
+            quality_bounds=bounds,
             compare_model_export=args.compare_model_export,
             overwrite=args.overwrite,
             prefill_lengths=args.prefill_lengths,

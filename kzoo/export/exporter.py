@@ -9,6 +9,7 @@ passed its checks.
 import contextlib
 import functools
 import json
+import math
 import os
 import platform
 import types
@@ -124,7 +125,8 @@ def export(
         num_representative: int, calibration rows for "tflite_int8".
         generate_tokens: int, new tokens per generation check.
         latency_runs: int, timed calls per latency median.
-        quality_bounds: dict overriding `verification.QUALITY_BOUNDS`.
+        quality_bounds: dict `{format: nats}` overriding `verification.QUALITY_BOUNDS`: each
+            format one of its keys, each bound a finite number >= 0.
         compare_model_export: bool, also measure the SavedModel of Keras'
             `model.export` (for the report; not kept).
         overwrite: bool, replace an existing non-empty `output_dir`.
@@ -140,7 +142,8 @@ def export(
         The report (also written to `output_dir/export_report.json`).
 
     Raises:
-        ExportError: with a message saying what is wrong.
+        ExportError: with a message saying what is wrong; a bad setting (a format name, a count,
+            a quality bound) before anything is loaded or written.
 
     Example:
     >>> backbone = kzoo.models.GPTBackbone(64, 1, 2, 16, 32, max_sequence_length=16)
@@ -163,7 +166,7 @@ def export(
         num_representative=num_representative,
         generate_tokens=generate_tokens,
         latency_runs=latency_runs,
-        quality_bounds={**verification.QUALITY_BOUNDS, **(quality_bounds or {})},
+        quality_bounds=quality_bounds,
         compare_model_export=compare_model_export,
         seed=seed,
         prefill_lengths=prefill_lengths,
@@ -402,15 +405,41 @@ def _format_names(formats):
 
 
 def _checked_settings(**settings):
-    """`export`'s settings as a namespace, after checking the format names and the counts: a
-    count that is given must be an int >= 1 (0 would mean "the default" or divide by zero)."""
+    """`export`'s settings as a namespace, after checking the format names, the quality bounds and
+    the counts: a count that is given must be an int >= 1 (0 would mean "the default" or divide by
+    zero)."""
     settings = types.SimpleNamespace(**settings)
     settings.formats = _format_names(settings.formats)
+    settings.quality_bounds = _quality_bounds(settings.quality_bounds)
     for name in ("max_length", "cache_length", "num_examples", "num_representative", "generate_tokens", "latency_runs"):
         value = getattr(settings, name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1):
             raise ExportError(f"`{name}` must be an int >= 1; received {name}={value!r}.")
     return settings
+
+
+def _quality_bounds(bounds):
+    """`verification.QUALITY_BOUNDS` with `bounds` over them, checked before the export starts: a
+    misspelt format would otherwise be ignored, and a NaN or negative bound would fail its format
+    only once every file was made."""
+    if bounds is None:
+        return dict(verification.QUALITY_BOUNDS)
+    if not isinstance(bounds, dict):
+        raise ExportError(
+            f"`quality_bounds` must be a dict {{format: nats}}, e.g. {{'tflite_int8': 0.2}}; received {bounds!r}."
+        )
+    for name, value in bounds.items():
+        if name not in verification.QUALITY_BOUNDS:
+            raise ExportError(
+                f"`quality_bounds` names {name!r}, which has no quality bound; the quantized formats are "
+                f"{', '.join(verification.QUALITY_BOUNDS)}."
+            )
+        number = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+        if not number or not math.isfinite(value) or value < 0:
+            raise ExportError(
+                f"`quality_bounds[{name!r}]` must be a finite number of nats in [0, inf); received {value!r}."
+            )
+    return {**verification.QUALITY_BOUNDS, **{name: float(value) for name, value in bounds.items()}}
 
 
 @contextlib.contextmanager

@@ -202,3 +202,50 @@ def test_cache_spans_outside_the_cache_are_refused(saved_model, tmp_path, spans)
     ):
         export.export(saved_model, tmp_path / "out", "litertlm", cache_spans=spans, **QUICK)
     assert leftovers(tmp_path) == []
+
+
+def no_export(*args, **kwargs):
+    raise AssertionError("the export started: a bad quality bound must be refused before the model is loaded")
+
+
+@pytest.mark.parametrize(
+    "bounds, message",
+    [
+        ({"tflite_in8": 0.2}, "`quality_bounds` names 'tflite_in8', which has no quality bound; the quantized formats "
+         "are tflite_fp16, tflite_int8_dynamic, tflite_int8, litertlm_int8, litertlm_int4."),
+        ({"tflite_int8": float("nan")}, "`quality_bounds['tflite_int8']` must be a finite number of nats in [0, inf); "
+         "received nan."),
+        ({"tflite_fp16": -0.1}, "`quality_bounds['tflite_fp16']` must be a finite number of nats in [0, inf)"),
+        ({"tflite_fp16": "0.1"}, "received '0.1'."),
+    ],
+    ids=["misspelt_format", "nan", "negative", "a_string"],
+)  # fmt: skip
+def test_a_bad_quality_bound_is_refused_before_the_export_starts(saved_model, tmp_path, monkeypatch, bounds, message):
+    monkeypatch.setattr(exporter, "_load_model", no_export)
+    with pytest.raises(export.ExportError) as raised:
+        export.export(saved_model, tmp_path / "out", "tflite_fp32", quality_bounds=bounds)
+    assert message in str(raised.value)
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    "bound, message",
+    [
+        ("tflite_in8=0.2", "argument --quality-bound: 'tflite_in8' has no quality bound; choose from tflite_fp16, "
+         "tflite_int8_dynamic, tflite_int8, litertlm_int8, litertlm_int4; received tflite_in8=0.2"),
+        ("tflite_int8=nan", "argument --quality-bound: takes FORMAT=NATS, NATS a finite number >= 0, e.g. "
+         "tflite_int8=0.2; received 'tflite_int8=nan'"),
+        ("tflite_int8=-1", "received 'tflite_int8=-1'"),
+        ("tflite_int8", "received 'tflite_int8'"),
+    ],
+    ids=["misspelt_format", "nan", "negative", "no_value"],
+)  # fmt: skip
+def test_a_bad_quality_bound_flag_is_refused_before_the_export_starts(
+    saved_model, tmp_path, monkeypatch, capsys, bound, message
+):
+    monkeypatch.setattr(exporter, "_load_model", no_export)
+    with pytest.raises(SystemExit) as raised:
+        export_command.main([str(saved_model), "--out", str(tmp_path / "out"), "--quality-bound", bound])
+    assert raised.value.code == 2
+    assert message in capsys.readouterr().err
+    assert leftovers(tmp_path) == []
