@@ -1,6 +1,9 @@
 """kzoo: a Keras 3 / TensorFlow model zoo for transformers.
 
-`import kzoo` registers every layer and model for `.keras` deserialization.
+`import kzoo` registers every layer and model for `.keras` deserialization, and changes nothing
+else that outlives the import: TensorFlow is imported quietly (`kzoo.logs`), XLA's options are
+added where kzoo compiles (`kzoo.config.add_xla_flags`), and only scripts that ask for it
+(`kzoo.logs.quiet`) drop what C++ code writes as the process exits.
 """
 
 __version__ = "0.1.0"
@@ -8,7 +11,6 @@ __version__ = "0.1.0"
 from kzoo import config
 from kzoo import logs
 
-config.add_xla_flags()
 # First, so that TensorFlow's lines at import follow TF_CPP_MIN_LOG_LEVEL (see kzoo.logs).
 logs.import_tensorflow()
 

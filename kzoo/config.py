@@ -14,7 +14,7 @@ import os
 
 _fused_training = True
 
-# XLA options kzoo sets for the processes that import it, unless XLA_FLAGS names them already
+# XLA options kzoo adds before it compiles a generation loop, unless XLA_FLAGS names them already
 # (XLA reads XLA_FLAGS once, at its first compilation).
 XLA_FLAGS = {
     # Without copy insertion's region analysis, XLA's CPU compiler copies every KV cache of a
@@ -26,8 +26,12 @@ XLA_FLAGS = {
 def add_xla_flags(environ=os.environ):
     """Appends `XLA_FLAGS`'s options to `environ["XLA_FLAGS"]`, each one it does not name yet.
 
-    `import kzoo` calls it. To keep XLA's own default, name the option with its default value,
-    e.g. `XLA_FLAGS=--xla_cpu_copy_insertion_use_region_analysis=false`.
+    kzoo calls it before it compiles a generation loop with XLA (`generate(jit_compile=True)`,
+    the default); XLA reads the variable at the first compilation of the process, so in a
+    process that compiled with XLA before, the options take no effect (generation is as
+    correct, only slower). Call it first thing to apply them to every compilation. To keep
+    XLA's own default, name the option with its default value, e.g.
+    `XLA_FLAGS=--xla_cpu_copy_insertion_use_region_analysis=false`.
 
     Example:
     >>> environ = {"XLA_FLAGS": "--xla_dump_to=/tmp/dump"}

@@ -9,11 +9,15 @@ process-wide environment as the process exits. TensorFlow's Python side and tens
 log through the `tensorflow` and `absl` loggers.
 
 `import kzoo` calls `import_tensorflow` first. Where `TF_CPP_MIN_LOG_LEVEL` is not set, kzoo is
-quiet: those lines are dropped (unless the import fails: then they are shown with the error),
-`captured_stderr` drops what the runtime calls that log write, and what C++ code writes after
-Python has finished exiting goes nowhere. Where it is set (by the user, or by a script's
-`--verbose`, before it imports kzoo), TensorFlow's lines follow that level, the first ones too,
-and nothing is captured. Scripts also call `quiet` for the Python loggers and known warnings.
+quiet: those lines are dropped (unless the import fails: then they are shown with the error), and
+`captured_stderr` drops what the runtime calls that log write. Where it is set (by the user, or by
+a script's `--verbose`, before it imports kzoo), TensorFlow's lines follow that level, the first
+ones too, and nothing is captured. Nothing of this outlives the import or the call.
+
+Scripts whose output is their own (kzoo's recipes and `export.py`) also call `quiet`: it hides the
+Python loggers and known warnings, and, where kzoo is quiet, sends what C++ code writes once the
+process exits (LiteRT's log of the environment it frees) nowhere. A library user's process keeps
+its standard error to the end.
 
 This module imports only the standard library (TensorFlow when asked), so that `kzoo/__init__.py`
 imports TensorFlow through it.
@@ -44,15 +48,20 @@ _LEVELS = {b"I": 0, b"W": 1, b"E": 2, b"F": 3}
 # What absl prints before the first of those lines, until TensorFlow has set its logging up.
 _ABSL_PREAMBLE = b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
 _quiet = False
+# Whether `quiet` has registered `_drop_stderr`.
+_exit_quiet = False
 
 
 def quiet(verbose=False):
     """Hides TensorFlow's Python logs and known noisy warnings, for a script whose output is its own.
 
     Unless `verbose`: sets the `tensorflow` and `absl` Python loggers to ERROR (retracing notes,
-    tensorflow-datasets' notes) and ignores `NOISY_WARNINGS`. With `verbose`, it changes nothing.
-    The C++ lines are `import kzoo`'s to hide (see the module's docstring): a script whose
-    `--verbose` wants them sets `TF_CPP_MIN_LOG_LEVEL=0` before its imports.
+    tensorflow-datasets' notes), ignores `NOISY_WARNINGS` and, where kzoo is quiet, points the
+    process's standard error at nothing once its exit handlers have run (those registered
+    before this call run after it, so call it first thing in a script). With `verbose`, it
+    changes nothing. The C++ lines at import are `import kzoo`'s to hide (see the module's
+    docstring): a script whose `--verbose` wants them sets `TF_CPP_MIN_LOG_LEVEL=0` before its
+    imports.
 
     Args:
         verbose: bool; True leaves every log and warning as it is.
@@ -63,6 +72,10 @@ def quiet(verbose=False):
         logging.getLogger(name).setLevel(logging.ERROR)
     for category, message in NOISY_WARNINGS:
         warnings.filterwarnings("ignore", message=re.escape(message), category=category)
+    global _exit_quiet
+    if _quiet and not _exit_quiet:
+        _exit_quiet = True
+        atexit.register(_drop_stderr)
 
 
 def import_tensorflow():
@@ -79,8 +92,6 @@ def import_tensorflow():
     level = _min_log_level()
     if level is None:
         _quiet = True
-        # Registered before TensorFlow registers its handlers, so that it runs after them.
-        atexit.register(_drop_stderr)
         # TensorFlow reads the level as it loads; set for the import only, so that child
         # processes (which quiet themselves) do not take it for the user's.
         os.environ[LEVEL_VARIABLE] = "3"

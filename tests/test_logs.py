@@ -53,14 +53,16 @@ def test_quiet_ignores_the_noisy_warnings_and_verbose_changes_nothing():
     assert [str(warning.message)[:18] for warning in caught] == ["You are using a so", "a warning that say"]
 
 
-# TensorFlow runs an op (a host without a GPU logs a failed cuInit then); LiteRT allocates a
-# model (it logs its CPU delegate) and compiles one (it logs then, and at exit); C code writes
-# inside `captured_stderr`, then fails there; the program ends with an error of its own.
+# A script that calls `quiet`: TensorFlow runs an op (a host without a GPU logs a failed cuInit
+# then); LiteRT allocates a model (it logs its CPU delegate) and compiles one (it logs then, and
+# at exit); C code writes inside `captured_stderr`, then fails there; the program ends with an
+# error of its own.
 _CHILD = """
 import os
 import kzoo
 import tensorflow as tf
 from kzoo import logs
+logs.quiet()
 print(float(tf.constant(2.0) * 2))
 converter = tf.lite.TFLiteConverter.from_concrete_functions(
     [tf.function(lambda x: x * 2, input_signature=[tf.TensorSpec([1], tf.float32)]).get_concrete_function()],
@@ -101,3 +103,32 @@ def test_quiet_unless_the_level_is_set():
     verbose = run("0")
     for line in ("Created TensorFlow Lite XNNPACK delegate for CPU", "DestroyAccelerator", "dropped", "own error"):
         assert line in verbose
+
+
+def test_import_kzoo_leaves_the_process_as_it_was():
+    """No exit handler that silences the process (a user's handler registered before the import
+    still prints at exit, and so does an error at interpreter shutdown), and no XLA option added
+    until kzoo compiles a generation loop."""
+    child = """
+import atexit, os, sys
+atexit.register(lambda: print("the user's exit handler", file=sys.stderr))
+flags = os.environ.get("XLA_FLAGS")
+import kzoo
+from kzoo import config
+assert os.environ.get("XLA_FLAGS") == flags, os.environ.get("XLA_FLAGS")
+model = kzoo.models.GPTCausalLM(kzoo.models.GPTBackbone(
+    vocabulary_size=8, num_layers=1, num_heads=1, hidden_dim=4, intermediate_dim=8, max_sequence_length=8))
+model.generate([[1, 2]], max_length=4)
+assert all(f"--{name}={value}" in os.environ["XLA_FLAGS"] for name, value in config.XLA_FLAGS.items())
+class Late:
+    def __del__(self):
+        print("at shutdown", file=sys.stderr)
+sys.modules["late"] = Late()
+"""
+    environment = {
+        name: value for name, value in os.environ.items() if name not in ("TF_CPP_MIN_LOG_LEVEL", "XLA_FLAGS")
+    }
+    environment["PYTHONPATH"] = str(REPOSITORY)
+    result = subprocess.run([sys.executable, "-c", child], env=environment, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "the user's exit handler" in result.stderr and "at shutdown" in result.stderr

@@ -18,6 +18,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from kzoo import config
 from kzoo import samplers as samplers_lib
 
 # Compiled decode functions per model, keyed by shapes and sampler settings.
@@ -151,7 +152,10 @@ def prefill_length(prompt_mask):
 
 def compile_function(fn, jit_compile):
     """`tf.function` (with XLA if asked) under TensorFlow; as is elsewhere,
-    where `ops.while_loop` compiles the loop body itself."""
+    where `ops.while_loop` compiles the loop body itself. Adds kzoo's XLA
+    options first (`kzoo.config.add_xla_flags`): without them XLA's CPU
+    compiler copies every KV cache twice per step."""
+    config.add_xla_flags()
     if keras.backend.backend() != "tensorflow":
         return fn
     import tensorflow as tf
