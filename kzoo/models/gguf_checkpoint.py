@@ -75,6 +75,9 @@ _FORMATS = {
 _INTEGERS = {_V.UINT8, _V.INT8, _V.UINT16, _V.INT16, _V.UINT32, _V.INT32, _V.UINT64, _V.INT64}
 _FLOATS = {_V.FLOAT32, _V.FLOAT64}
 _MAX_DIMS = 4  # GGML_MAX_DIMS
+# Arrays nested deeper are refused: llama.cpp's fields are flat arrays, and each level is a
+# recursive call (a hostile file of 20,000 levels would exhaust Python's stack).
+_MAX_ARRAY_DEPTH = 8
 # Config fields that count something: a GGUF that says 0 of them is refused.
 _SIZES = (
     "num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size",
@@ -174,6 +177,21 @@ _SPECIAL_TOKEN_KEYS = {
     "tokenizer.ggml.padding_token_id": "pad_token_id",
 }
 _TOKENS_KEY = "tokenizer.ggml.tokens"
+# The GGUF types of the `tokenizer.*` fields kzoo reads (`kzoo.models.gguf_tokenizer`), as
+# llama.cpp writes them: `(field types, array item types or None)`. A field of another type is
+# refused on opening, naming it, rather than failing in the tokenizer with a raw TypeError. (The
+# config's fields and the special token ids are checked as they are read, by `_optional`.)
+_TOKENIZER_FIELD_TYPES = {
+    "tokenizer.ggml.model": ({_V.STRING}, None),
+    "tokenizer.ggml.pre": ({_V.STRING}, None),
+    _TOKENS_KEY: ({_V.ARRAY}, {_V.STRING}),
+    "tokenizer.ggml.merges": ({_V.ARRAY}, {_V.STRING}),
+    "tokenizer.ggml.token_type": ({_V.ARRAY}, _INTEGERS),
+    "tokenizer.ggml.scores": ({_V.ARRAY}, _FLOATS | _INTEGERS),
+    "tokenizer.ggml.add_bos_token": ({_V.BOOL}, None),
+    "tokenizer.ggml.add_eos_token": ({_V.BOOL}, None),
+    "tokenizer.chat_template": ({_V.STRING}, None),
+}
 # Tokenizer arrays whose GGUF item type llama.cpp fixes, whatever Python values they hold.
 _TOKENIZER_ARRAY_TYPES = {"tokenizer.ggml.precompiled_charsmap": _V.UINT8, "tokenizer.ggml.scores": _V.FLOAT32}
 _TOKENIZER_UINT32 = ("_token_id", "_count")
@@ -228,6 +246,7 @@ class GGUFCheckpoint:
         header = _Header(self.path, self._data)
         self._fields = header.fields
         self.metadata = {key: field.value for key, field in header.fields.items()}
+        self._check_tokenizer_field_types()
         architecture = self._string("general.architecture")
         self._spec = _ARCHITECTURES.get(architecture)
         if self._spec is None:
@@ -308,6 +327,18 @@ class GGUFCheckpoint:
             got = "/".join(kind.name for kind in field.types)
             raise CheckpointError(f"{self.path}: the metadata field {key!r} is {got}; kzoo reads one of {wanted}.")
         return field.value
+
+    def _check_tokenizer_field_types(self):
+        """Every tokenizer field kzoo reads has the type llama.cpp writes (`_TOKENIZER_FIELD_TYPES`)."""
+        for key, (kinds, items) in _TOKENIZER_FIELD_TYPES.items():
+            field = self._fields.get(key)
+            if field is None or (field.types[0] in kinds and (items is None or field.types[1] in items)):
+                continue
+            wanted = " or ".join(sorted(kind.name for kind in kinds))
+            if items is not None:
+                wanted += " of " + "/".join(sorted(kind.name for kind in items))
+            got = " of ".join(kind.name for kind in field.types)
+            raise CheckpointError(f"{self.path}: the metadata field {key!r} is {got}; kzoo reads {wanted}.")
 
     def _string(self, key):
         value = self._optional(key, str)
@@ -556,7 +587,7 @@ class _Header:
             value_type = self.value_type(what)
             if value_type == _V.ARRAY:
                 item_type = self.value_type(what)
-                self.fields[key] = _Field((value_type, item_type), self.array(item_type, what))
+                self.fields[key] = _Field((value_type, item_type), self.array(item_type, what, depth=1))
             else:
                 self.fields[key] = _Field((value_type,), self.value(value_type, what))
         alignment = self.fields.get("general.alignment", _Field((_V.UINT32,), gguf.GGUF_DEFAULT_ALIGNMENT))
@@ -582,6 +613,7 @@ class _Header:
                 tensor = f"tensor {name!r} appears twice"
             names.add(name)
             (problems if isinstance(tensor, str) else self.tensors).append(tensor)
+        problems += _overlaps(self.tensors)
         if problems:
             more = len(problems) - _MAX_LISTED
             listed = problems[:_MAX_LISTED] + ([f"... and {more} more"] if more > 0 else [])
@@ -616,14 +648,20 @@ class _Header:
         except ValueError:
             raise CheckpointError(f"{self.path}: {what} has value type {raw}, which GGUF does not define.") from None
 
-    def value(self, value_type, what):
+    def value(self, value_type, what, depth=0):
         if value_type == _V.STRING:
             return self.string(what)
         if value_type in _FORMATS:
             return self.unpack(_FORMATS[value_type], what)
-        return self.array(self.value_type(what), what)
+        return self.array(self.value_type(what), what, depth + 1)
 
-    def array(self, item_type, what):
+    def array(self, item_type, what, depth):
+        """The items of an array at nesting level `depth` (1: a field's own array)."""
+        if depth > _MAX_ARRAY_DEPTH:
+            raise CheckpointError(
+                f"{self.path}: {what} nests arrays more than {_MAX_ARRAY_DEPTH} deep; kzoo reads up to "
+                f"{_MAX_ARRAY_DEPTH} levels (llama.cpp's fields are flat arrays)."
+            )
         count = self.unpack("Q", what)
         least = struct.calcsize(_FORMATS[item_type]) if item_type in _FORMATS else 8 if item_type == _V.STRING else 12
         left = len(self.data) - self.position
@@ -635,7 +673,7 @@ class _Header:
         if item_type in _FORMATS:
             start = self.take(count * least, what)
             return np.frombuffer(self.data, np.dtype("<" + _FORMATS[item_type]), count, start).tolist()
-        return [self.value(item_type, what) for _ in range(count)]
+        return [self.value(item_type, what, depth) for _ in range(count)]
 
     def tensor(self, name, shape, raw_type, start):
         """The tensor's `_Tensor`, or what is wrong with it."""
@@ -655,6 +693,21 @@ class _Header:
                 f"past the end of the file ({len(self.data)} bytes): the file is truncated or its header is corrupt"
             )
         return _Tensor(name, tensor_type, tuple(reversed(shape)), start, size)
+
+
+def _overlaps(tensors):
+    """What is wrong where `_Tensor`s share bytes: a file whose tensors overlap is corrupt or
+    crafted (two weights would read the same numbers), and llama.cpp lays each out on its own."""
+    problems, last = [], None  # last: the tensor reaching furthest so far
+    for tensor in sorted((tensor for tensor in tensors if tensor.size), key=lambda tensor: tensor.start):
+        if last is not None and tensor.start < last.start + last.size:
+            problems.append(
+                f"tensors {last.name!r} (bytes {last.start}..{last.start + last.size}) and {tensor.name!r} "
+                f"(bytes {tensor.start}..{tensor.start + tensor.size}) overlap: each tensor needs bytes of its own"
+            )
+        if last is None or tensor.start + tensor.size > last.start + last.size:
+            last = tensor
+    return problems
 
 
 def _tensor_names(config, spec):
@@ -901,7 +954,10 @@ def load(cls, path, kwargs):
         if "tokenizer.ggml.model" in checkpoint.tokenizer_fields:
             from kzoo.models.gguf_tokenizer import tokenizer_from_gguf  # the tokenizers library: only here
 
-            kwargs["tokenizer"] = tokenizer_from_gguf(checkpoint.tokenizer_fields)
+            try:
+                kwargs["tokenizer"] = tokenizer_from_gguf(checkpoint.tokenizer_fields, source=checkpoint.path)
+            except ValueError as error:  # it names the field; the file is named here
+                raise CheckpointError(f"{checkpoint.path}: {error}") from error
         else:
             warnings.warn(f"{path} holds no tokenizer: the model comes without one.", stacklevel=3)
             kwargs["tokenizer"] = None

@@ -101,12 +101,14 @@ _SPLITS = {
 PRE_TOKENIZERS = ("gpt-2", "default", "smollm", *_SPLITS)
 
 
-def tokenizer_from_gguf(fields):
+def tokenizer_from_gguf(fields, source=None):
     """The `HFTokenizer` of a GGUF file's metadata.
 
     Args:
         fields: dict of GGUF metadata key -> Python value (`field.contents()`); the `tokenizer.*`
             keys and `general.architecture` are read.
+        source: the GGUF file, named in the tokenizer's warnings (a "llama" vocabulary without
+            its byte tokens) and errors.
 
     Returns:
         An `HFTokenizer` with the file's special tokens and chat template.
@@ -126,7 +128,9 @@ def tokenizer_from_gguf(fields):
         first = {}
         index, token = next((i, t) for i, t in enumerate(tokens) if first.setdefault(t, i) != i)
         raise ValueError(f"GGUF field {TOKENS} holds {token!r} twice, at {first[token]} and {index}.")
-    types = fields.get(TOKEN_TYPE) or [NORMAL] * len(tokens)
+    types = [NORMAL] * len(tokens) if fields.get(TOKEN_TYPE) is None else _field(fields, TOKEN_TYPE, list)
+    if not all(isinstance(kind, int) and not isinstance(kind, bool) for kind in types):
+        raise ValueError(f"GGUF field {TOKEN_TYPE} must be a list of integers (llama.cpp's token types).")
     if len(types) != len(tokens):
         raise ValueError(f"GGUF field {TOKEN_TYPE} has {len(types)} entries for {len(tokens)} tokens.")
     architecture = fields.get(ARCHITECTURE)
@@ -151,17 +155,15 @@ def tokenizer_from_gguf(fields):
     user_defined = [token for token, kind in zip(tokens, types) if kind == USER_DEFINED and token in present]
     added = [(token, True) for token in control] + [(token, False) for token in user_defined]
     bpe_pipelines.add_tokens(backend, added, named.values())
-    bpe_pipelines.set_post_processor(
-        backend,
-        named.get("bos_token"),
-        named.get("eos_token"),
-        bool(fields.get(ADD_BOS, model == "llama")),
-        bool(fields.get(ADD_EOS, False)),
-    )
+    # A "llama" file that does not say prepends BOS, as llama.cpp and transformers do.
+    add_bos = model == "llama" if fields.get(ADD_BOS) is None else _field(fields, ADD_BOS, bool)
+    add_eos = False if fields.get(ADD_EOS) is None else _field(fields, ADD_EOS, bool)
+    bpe_pipelines.set_post_processor(backend, named.get("bos_token"), named.get("eos_token"), add_bos, add_eos)
     template = fields.get(CHAT_TEMPLATE)
     if template is not None and not isinstance(template, str):
         raise ValueError(f"GGUF field {CHAT_TEMPLATE} must be a string; it is a {type(template).__name__}.")
-    tokenizer = HFTokenizer(backend, chat_template=template or None, **named)
+    where = f"the tokenizer of {source}" if source else "the GGUF tokenizer"
+    tokenizer = HFTokenizer(backend, chat_template=template or None, tokenizer_source=where, **named)
     tokenizer.chat_template_source = f"the GGUF field {CHAT_TEMPLATE}"
     return tokenizer
 
@@ -217,6 +219,8 @@ def _sentencepiece(fields, tokens, gemma, unk_token):
         merges = bpe_pipelines.merges_by_rank(vocabulary, {t: -i for i, t in enumerate(tokens)}, descending=True)
     else:
         scores = _field(fields, SCORES, list)
+        if not all(isinstance(score, (int, float)) and not isinstance(score, bool) for score in scores):
+            raise ValueError(f"GGUF field {SCORES} must be a list of numbers.")
         if len(scores) != len(tokens):
             raise ValueError(f"GGUF field {SCORES} has {len(scores)} entries for {len(tokens)} tokens.")
         merges = bpe_pipelines.merges_by_rank(vocabulary, dict(zip(tokens, scores)), descending=True)

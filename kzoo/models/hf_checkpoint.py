@@ -349,7 +349,8 @@ FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
 
 class SafetensorsFile:
     """One safetensors file, memory-mapped; its header is checked against the file before any
-    tensor is read (each tensor's byte range inside the data, its size its shape's)."""
+    tensor is read (each tensor's byte range inside the data, its size its shape's, no two
+    ranges sharing bytes)."""
 
     def __init__(self, path):
         self.path = Path(path)
@@ -375,7 +376,7 @@ class SafetensorsFile:
         if not isinstance(header, dict):
             raise ValueError("the header is not a JSON object")
         dtypes = _safetensors_dtypes()
-        entries = {}
+        entries, ranges = {}, []
         for name, entry in header.items():
             if name == "__metadata__":
                 continue
@@ -394,6 +395,17 @@ class SafetensorsFile:
                     f"of {data_size} bytes of data"
                 )
             entries[name] = (dtype, tuple(shape), begin)
+            ranges.append((begin, end, name))
+        # Tensors sharing bytes: a corrupt or crafted file (two weights reading the same numbers).
+        last = None  # (end, name) of the range reaching furthest so far
+        for begin, end, name in sorted(ranges):
+            if last is not None and begin < last[0] and begin < end:
+                raise ValueError(
+                    f"tensors {last[1]!r} and {name!r} share bytes: {name!r} starts at byte {begin}, "
+                    f"before {last[1]!r} ends at {last[0]}"
+                )
+            if begin < end and (last is None or end > last[0]):
+                last = (end, name)
         return entries
 
     def names(self):

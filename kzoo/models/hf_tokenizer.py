@@ -18,6 +18,7 @@ vocabulary included. Importing this module imports keras-hub and tensorflow-text
 only where tokenizers are read or written.
 """
 
+import contextlib
 import json
 import re
 import warnings
@@ -214,7 +215,14 @@ class HFTokenizer(keras_hub.tokenizers.Tokenizer):
             the named special tokens (transformers' names); each must be in the vocabulary, and is
             kept whole in text.
         chat_template: str or None, the Jinja chat template (see `kzoo.models.chat_template`).
+        tokenizer_source: str or None, where the tokenizer comes from (its file), named in its
+            errors and warnings; default: the path given as `tokenizer`.
         **kwargs: `keras.layers.Layer` arguments (`name`, ...).
+
+    Raises:
+        ValueError: as `set_tokenizer`; and from `tokenize` / `detokenize` where the `tokenizers`
+            package panics on a text (a regex pattern of the file that backtracks past the
+            regex engine's limit), naming the file and its patterns.
 
     Example:
     >>> backend = tokenizers.Tokenizer(tokenizers.models.WordLevel({"hello": 0, "world": 1, "[UNK]": 2}, "[UNK]"))
@@ -239,6 +247,7 @@ class HFTokenizer(keras_hub.tokenizers.Tokenizer):
         cls_token=None,
         mask_token=None,
         chat_template=None,
+        tokenizer_source=None,
         **kwargs,
     ):
         kwargs.setdefault("dtype", "int32")
@@ -248,6 +257,7 @@ class HFTokenizer(keras_hub.tokenizers.Tokenizer):
         self.chat_template = chat_template
         # Where the template came from, named in its errors (readers set a file).
         self.chat_template_source = "the tokenizer's chat_template"
+        self.tokenizer_source = tokenizer_source
         self._backend = None
         # Nothing to build; and Keras' `quantize` refuses a model with a layer that is not built.
         self.built = True
@@ -257,21 +267,30 @@ class HFTokenizer(keras_hub.tokenizers.Tokenizer):
     def set_tokenizer(self, tokenizer):
         """Sets the `tokenizers.Tokenizer` (or `tokenizer.json` text or path) this layer runs.
 
+        A byte-fallback BPE (SentencePiece-style) whose vocabulary lacks some of its 256 byte
+        tokens `<0x00>`..`<0xFF>` is kept, with a warning naming the file: a character outside
+        the vocabulary whose bytes are missing becomes the unknown token, or is dropped.
+
         Raises:
-            ValueError: if its ids are not 0..n-1, a named special token is not in it, or its
-                post-processor puts more than one token before the text.
+            ValueError: if its ids are not 0..n-1, a named special token is not in it, its
+                post-processor puts more than one token before the text, or the `tokenizers`
+                package panics on it (naming the file).
         """
-        if isinstance(tokenizer, tokenizers.Tokenizer):
-            backend = tokenizers.Tokenizer.from_str(tokenizer.to_str())
-        elif isinstance(tokenizer, str) and tokenizer.lstrip().startswith("{"):
-            backend = tokenizers.Tokenizer.from_str(tokenizer)
-        elif isinstance(tokenizer, (str, Path)):
-            backend = tokenizers.Tokenizer.from_file(str(tokenizer))
-        else:
-            raise ValueError(
-                "`tokenizer` must be a `tokenizers.Tokenizer`, a tokenizer.json text or its path; "
-                f"received a {type(tokenizer).__name__}."
-            )
+        is_text = isinstance(tokenizer, str) and tokenizer.lstrip().startswith("{")
+        if self.tokenizer_source is None and isinstance(tokenizer, (str, Path)) and not is_text:
+            self.tokenizer_source = str(tokenizer)
+        with _panics_as_errors(self._source, "reading it"):
+            if isinstance(tokenizer, tokenizers.Tokenizer):
+                backend = tokenizers.Tokenizer.from_str(tokenizer.to_str())
+            elif is_text:
+                backend = tokenizers.Tokenizer.from_str(tokenizer)
+            elif isinstance(tokenizer, (str, Path)):
+                backend = tokenizers.Tokenizer.from_file(str(tokenizer))
+            else:
+                raise ValueError(
+                    "`tokenizer` must be a `tokenizers.Tokenizer`, a tokenizer.json text or its path; "
+                    f"received a {type(tokenizer).__name__}."
+                )
         # Ids as the file spells them, whatever padding or truncation it was saved with.
         backend.no_padding()
         backend.no_truncation()
@@ -286,8 +305,10 @@ class HFTokenizer(keras_hub.tokenizers.Tokenizer):
             raise ValueError(f"The special tokens {missing} are not in the tokenizer's vocabulary of {size} tokens.")
         # Kept whole in text, as transformers keeps them.
         bpe_pipelines.add_tokens(backend, named=self.special_tokens_map.values())
+        _warn_of_missing_byte_tokens(backend, self._source)
         # The tokens the post-processor puts before the text (`sequence_ids` None: not the text's).
-        encoding = backend.encode("a", add_special_tokens=True)
+        with _panics_as_errors(self._source, "tokenizing 'a'", backend):
+            encoding = backend.encode("a", add_special_tokens=True)
         prefix = []
         for token_id, sequence in zip(encoding.ids, encoding.sequence_ids):
             if sequence is not None:
@@ -300,6 +321,11 @@ class HFTokenizer(keras_hub.tokenizers.Tokenizer):
         self._backend = backend
         self._start_token_id = prefix[0] if prefix else None
         self._vocabulary = None
+
+    @property
+    def _source(self):
+        """The tokenizer's file (or what else it came from), for messages."""
+        return self.tokenizer_source or "the HFTokenizer's tokenizer.json"
 
     @property
     def backend(self):
@@ -388,7 +414,8 @@ class HFTokenizer(keras_hub.tokenizers.Tokenizer):
 
     def _encode(self, texts):
         try:
-            encodings = self.backend.encode_batch(texts, add_special_tokens=False)
+            with _panics_as_errors(self._source, "tokenizing", self.backend):
+                encodings = self.backend.encode_batch(texts, add_special_tokens=False)
         except (TypeError, ValueError) as error:
             for index, text in enumerate(texts):
                 try:
@@ -432,7 +459,8 @@ class HFTokenizer(keras_hub.tokenizers.Tokenizer):
             bad = [token for token in row if not 0 <= token < size]
             if bad:
                 raise ValueError(f"Ids {bad[:5]} are not in the vocabulary of {size} tokens.")
-        return self.backend.decode_batch(rows, skip_special_tokens=False)
+        with _panics_as_errors(self._source, "decoding", self.backend):
+            return self.backend.decode_batch(rows, skip_special_tokens=False)
 
     def _detokenize_graph(self, inputs):
         if isinstance(inputs, tf.RaggedTensor):
@@ -482,6 +510,8 @@ class HFTokenizer(keras_hub.tokenizers.Tokenizer):
         (Path(dir_path) / TOKENIZER_FILE).write_text(self.backend.to_str(), encoding="utf-8")
 
     def load_assets(self, dir_path):
+        # `dir_path` is where Keras unpacked the assets, a temporary folder: not worth naming.
+        self.tokenizer_source = self.tokenizer_source or f"the {TOKENIZER_FILE} of the .keras file"
         self.set_tokenizer(Path(dir_path) / TOKENIZER_FILE)
 
     def get_config(self):
@@ -489,6 +519,72 @@ class HFTokenizer(keras_hub.tokenizers.Tokenizer):
         config.update(self.special_tokens_map)
         config["chat_template"] = self.chat_template
         return config
+
+
+def is_tokenizers_panic(error):
+    """Whether `error` is a panic of the `tokenizers` package (its Rust code gave up): pyo3's
+    `PanicException`, a `BaseException` that `except Exception` lets through, of the module
+    `pyo3_runtime`, which cannot be imported to name the class."""
+    return any(cls.__name__ == "PanicException" and cls.__module__ == "pyo3_runtime" for cls in type(error).__mro__)
+
+
+@contextlib.contextmanager
+def _panics_as_errors(source, doing, backend=None):
+    """A panic of the `tokenizers` package inside, raised as a `ValueError` naming `source` (the
+    tokenizer's file), what it was `doing`, and the regex patterns of `backend`'s pipeline: their
+    usual cause is a pattern that backtracks past the regex engine's limit on a text (Oniguruma's
+    "retry-limit-in-match over", from a nested repeat such as `(a+)+$`)."""
+    try:
+        yield
+    except BaseException as error:
+        if not is_tokenizers_panic(error):
+            raise
+        listed = ", ".join(f"{pattern!r:.200}" for pattern in (_regex_patterns(backend) if backend else []))
+        if listed and "retry-limit" in str(error):
+            listed = f"; its regex patterns, of which one backtracks too much on this text: {listed}"
+        elif listed:
+            listed = f"; its regex patterns: {listed}"
+        raise ValueError(f"{source}: the `tokenizers` package failed while {doing} ({error}){listed}.") from error
+
+
+def _regex_patterns(backend):
+    """The regex patterns of a `tokenizers.Tokenizer`'s pipeline (normalizers, pre-tokenizers,
+    decoders: every `{"Regex": pattern}` of its `tokenizer.json`)."""
+    patterns = []
+
+    def walk(value):
+        if isinstance(value, dict):
+            if isinstance(value.get("Regex"), str):
+                patterns.append(value["Regex"])
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+
+    data = json.loads(backend.to_str())
+    walk({key: data.get(key) for key in ("normalizer", "pre_tokenizer", "decoder")})
+    return list(dict.fromkeys(patterns))
+
+
+def _warn_of_missing_byte_tokens(backend, source):
+    """Warns when a byte-fallback BPE lacks some of its byte tokens: `tokenizers` spells a
+    character outside the vocabulary as its UTF-8 bytes `<0xNN>`, and where one is missing it
+    takes the unknown token instead, or without one drops the character silently."""
+    model = backend.model
+    if not getattr(model, "byte_fallback", False):
+        return
+    vocabulary = backend.get_vocab(with_added_tokens=False)
+    missing = [f"<0x{byte:02X}>" for byte in range(256) if f"<0x{byte:02X}>" not in vocabulary]
+    if missing:
+        unknown = getattr(model, "unk_token", None)
+        outcome = f"become its unknown token {unknown!r}" if unknown else "are dropped from the ids"
+        warnings.warn(
+            f"{source}: characters outside the vocabulary are spelled as byte tokens (byte fallback), but the "
+            f"vocabulary lacks {len(missing)} of the 256 ({', '.join(missing[:4])}"
+            f"{', ...' if len(missing) > 4 else ''}): characters that need them {outcome}.",
+            stacklevel=4,  # where the tokenizer is made
+        )
 
 
 def _strings(inputs):
@@ -661,7 +757,9 @@ def read_tokenizer_json(path):
         return None, None
     try:
         backend = tokenizers.Tokenizer.from_file(str(file))
-    except Exception as error:  # tokenizers raises a bare Exception for a malformed file
+    except BaseException as error:  # tokenizers raises a bare Exception for a malformed file, and panics on some
+        if not isinstance(error, Exception) and not is_tokenizers_panic(error):
+            raise
         raise CheckpointError(f"{file} is not a tokenizer.json the `tokenizers` package reads: {error}") from error
     settings = _tokenizer_settings(path)
     tokenizer_class = str(settings.get("tokenizer_class") or "").removesuffix("Fast")
@@ -830,9 +928,10 @@ def _chat_template(path, settings):
 def _hf_tokenizer(backend, named, path, settings, file):
     template, template_file = _chat_template(path, settings)
     try:
-        tokenizer = HFTokenizer(backend, chat_template=template, **named)
-    except ValueError as error:
-        raise CheckpointError(f"{file}: {error}") from error
+        tokenizer = HFTokenizer(backend, chat_template=template, tokenizer_source=str(file), **named)
+    except ValueError as error:  # a panic's message names the file already
+        message = str(error)
+        raise CheckpointError(message if message.startswith(str(file)) else f"{file}: {message}") from error
     if template_file is not None:
         tokenizer.chat_template_source = str(template_file)
     return tokenizer

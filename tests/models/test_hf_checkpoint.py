@@ -8,6 +8,7 @@ are the independent reference; kzoo itself loads without torch.
 import errno
 import json
 import os
+import struct
 import threading
 import warnings
 
@@ -411,6 +412,19 @@ def test_a_damaged_safetensors_file_is_named(tmp_path, bert_folders, damage):
     message = r"model.safetensors is not a readable safetensors file.*truncated or corrupt"
     with pytest.raises(CheckpointError, match=message):
         kzoo.models.BertBackbone.from_preset(str(folder))
+
+
+def test_safetensors_whose_tensors_share_bytes_are_refused_naming_both(tmp_path):
+    """Two tensors whose byte ranges overlap: a crafted or corrupt file, refused before anything is read."""
+    header = {"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}
+    header["b"] = {"dtype": "F32", "shape": [4], "data_offsets": [8, 24]}
+    text = json.dumps(header).encode()
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(struct.pack("<Q", len(text)) + text + bytes(24))
+    with pytest.raises(CheckpointError) as raised:
+        hf_checkpoint.SafetensorsFile(path)
+    message = f"{path} is not a readable safetensors file (tensors 'a' and 'b' share bytes: 'b' starts at byte 8, "
+    assert str(raised.value).startswith(message + "before 'a' ends at 16)")
 
 
 def rewrite_tensors(folder, change):

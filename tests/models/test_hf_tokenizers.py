@@ -9,6 +9,7 @@ SentencePiece itself where transformers follows it.
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import unicodedata
@@ -388,6 +389,74 @@ def test_malformed_files_are_named(tmp_path):
         hf_tokenizer.read_sentencepiece_tokenizer(folder)
 
 
+def write_word_level(folder, pre_tokenizer=None, normalizer=None):
+    """A folder with a tiny WordLevel tokenizer.json ("a", "b", "[UNK]") behind the given steps."""
+    backend = tokenizers.Tokenizer(tokenizers.models.WordLevel({"a": 0, "b": 1, "[UNK]": 2}, "[UNK]"))
+    backend.pre_tokenizer = pre_tokenizer or tokenizers.pre_tokenizers.Whitespace()
+    data = json.loads(backend.to_str())
+    data["normalizer"] = normalizer
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "tokenizer.json").write_text(json.dumps(data), encoding="utf-8")
+    return folder / "tokenizer.json"
+
+
+def test_a_regex_that_backtracks_past_the_engine_limit_is_named_with_its_file(tmp_path):
+    """A ReDoS split pattern loads, then makes the `tokenizers` package panic (a `BaseException`,
+    pyo3's PanicException) on a long text: a ValueError naming the file and the pattern."""
+    split = tokenizers.pre_tokenizers.Split(tokenizers.Regex("(a+)+$"), behavior="isolated")
+    file = write_word_level(tmp_path, split)
+    tokenizer, _ = hf_tokenizer.read_tokenizer_json(tmp_path)
+    assert ids(tokenizer, "a") == [0]
+    message = (
+        f"{file}: the `tokenizers` package failed while tokenizing (Onig: Regex search error: retry-limit-in-match "
+        "over); its regex patterns, of which one backtracks too much on this text: '(a+)+$'."
+    )
+    for tokenize in (tokenizer, HFTokenizer(str(file))):
+        with pytest.raises(ValueError) as raised:
+            tokenize(["b", "a" * 30000 + "!"])
+        assert message in str(raised.value)
+
+
+def test_a_tokenizer_json_the_tokenizers_package_panics_on_is_named(tmp_path):
+    """A precompiled normalizer of garbage bytes: `tokenizers` panics reading it, or at its first
+    text; either is an error naming the file."""
+    import base64
+
+    def charsmap(data):
+        return {"type": "Precompiled", "precompiled_charsmap": base64.b64encode(data).decode()}
+
+    file = write_word_level(tmp_path / "unreadable", normalizer=charsmap(b""))
+    read = 'is not a tokenizer.json the `tokenizers` package reads: Precompiled: Error("Cannot parse'
+    with pytest.raises(CheckpointError, match=f"^{file} {re.escape(read)}"):
+        hf_tokenizer.read_tokenizer_json(file.parent)
+    with pytest.raises(ValueError, match=f"^{file}: the `tokenizers` package failed while reading it"):
+        HFTokenizer(file)
+    file = write_word_level(tmp_path / "out_of_bounds", normalizer=charsmap(b"\x01\x00\x00\x00"))
+    message = f"{file}: the `tokenizers` package failed while tokenizing 'a' (index out of bounds"
+    with pytest.raises(CheckpointError, match=f"^{re.escape(message)}"):
+        hf_tokenizer.read_tokenizer_json(file.parent)
+
+
+def test_a_byte_fallback_vocabulary_without_its_byte_tokens_warns(tmp_path):
+    """Byte fallback spells a character outside the vocabulary as its bytes <0xNN>; without them
+    `tokenizers` drops the character from the ids, so loading such a file warns, naming it."""
+    backend = tokenizers.Tokenizer(tokenizers.models.BPE({"a": 0, "b": 1, "ab": 2}, [("a", "b")], byte_fallback=True))
+    backend.save(str(tmp_path / "tokenizer.json"))
+    lacks = "but the vocabulary lacks 256 of the 256 (<0x00>, <0x01>, <0x02>, <0x03>, ...)"
+    with pytest.warns(UserWarning, match=f"^{tmp_path / 'tokenizer.json'}: characters .*{re.escape(lacks)}"):
+        tokenizer, _ = hf_tokenizer.read_tokenizer_json(tmp_path)
+    assert ids(tokenizer, "abc") == [2]  # "c" dropped: what the warning is for
+    # A GGUF "llama" vocabulary (SentencePiece, byte fallback) without them, named by its file.
+    fields = {
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.tokens": ["<unk>", "<s>", "</s>", "▁", "a", "▁a"],
+        "tokenizer.ggml.scores": [0.0, 0.0, 0.0, -1.0, -2.0, -3.0],
+        "tokenizer.ggml.token_type": [2, 3, 3, 1, 1, 1],
+    }
+    with pytest.warns(UserWarning, match=r"^the tokenizer of m.gguf: .* lacks 256 of the 256 .* are dropped"):
+        gguf_tokenizer.tokenizer_from_gguf(fields, source="m.gguf")
+
+
 def test_malformed_vocab_and_merges_files_name_the_file_and_line(tmp_path):
     """vocab.txt and merges.txt (BERT, GPT-2): the file and the line, not "not enough values to unpack"."""
     vocab = tmp_path / "vocab.txt"
@@ -593,6 +662,9 @@ def test_bad_gguf_fields_are_named():
         ({"tokenizer.ggml.token_type": [1]}, r"tokenizer.ggml.token_type has 1 entries for \d+ tokens"),
         ({"tokenizer.ggml.tokens": []}, r"tokenizer.ggml.tokens must be a non-empty list of strings"),
         ({"tokenizer.chat_template": 3}, r"tokenizer.chat_template must be a string"),
+        ({"tokenizer.ggml.token_type": 5}, r"tokenizer.ggml.token_type must be a list; it is int 5"),
+        ({"tokenizer.ggml.token_type": ["x"]}, r"tokenizer.ggml.token_type must be a list of integers"),
+        ({"tokenizer.ggml.add_bos_token": "no"}, r"tokenizer.ggml.add_bos_token must be a bool; it is str 'no'"),
     ]
     for change, message in cases:
         with pytest.raises(ValueError, match=message):
