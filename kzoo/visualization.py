@@ -16,6 +16,7 @@ import numpy as np
 from keras import ops
 from matplotlib.figure import Figure
 
+from kzoo import files
 from kzoo.layers import TransformerDecoderBlock
 
 
@@ -94,7 +95,8 @@ def plot_attention(weights, tokens, path, query_tokens=None, title=None, max_col
     figure.colorbar(image, ax=axes, shrink=0.8, label="attention weight")
     if title:
         figure.suptitle(title)
-    figure.savefig(path, dpi=100, bbox_inches="tight")
+    with files.atomic_file(path, mode=None) as staging:  # the format from the name's suffix
+        figure.savefig(staging, dpi=100, bbox_inches="tight")
 
 
 def _visible(token):

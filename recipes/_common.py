@@ -23,6 +23,13 @@ and leaves in `--output-dir` (default `runs/<recipe>`):
   prints its metrics and trains nothing; `--overwrite` starts afresh (see `check_earlier_run`).
 - `.lock`: one run at a time writes into the folder; a second one exits naming the first.
 
+Every file is written whole or not at all (`kzoo.files.atomic_file`): a full disk stops the run
+with "No space left on device: nothing was written to <file>." and no torn file; run the same
+command again once there is room. A run file that is torn all the same (empty, cut short) is
+treated as missing, with a message. Flags are checked before anything is written: the folder
+is created and locked when the run is ready to write into it (`Run.claim_output_dir`), so a
+run refused for its flags, or stopped while loading its data and model, leaves nothing behind.
+
 Quiet by default: the output is the recipe's own (progress, metrics, samples), not TensorFlow's
 log lines and warnings; `--verbose` shows them (see `kzoo.logs`).
 
@@ -35,6 +42,7 @@ Every recipe trains on one repeated, seeded stream with `steps_per_epoch`, which
 import argparse
 import contextlib
 import csv
+import errno
 import fcntl
 import functools
 import importlib.resources
@@ -68,6 +76,7 @@ from matplotlib.figure import Figure  # noqa: E402
 
 import kzoo  # noqa: E402
 import kzoo.data  # noqa: E402
+import kzoo.files  # noqa: E402
 import kzoo.training  # noqa: E402
 from kzoo.models import hf_tokenizer  # noqa: E402
 from kzoo.models import text_inputs  # noqa: E402
@@ -187,11 +196,35 @@ def parse_args(argv, recipe_file, description, defaults, quick, add_arguments=No
         )
     if args.learning_rate is not None and not 0 < args.learning_rate < math.inf:
         parser.error(f"--learning-rate must be a positive finite number; received {args.learning_rate}.")
-    if Path(args.output_dir).exists() and not Path(args.output_dir).is_dir():
-        parser.error(f"--output-dir {args.output_dir} is a file; pass a folder (it is created if missing).")
+    check_output_dir(parser, args.output_dir)
     args.recipe = recipe
     args.parser = parser
+    if hasattr(args, "bucket_boundaries"):
+        bucket_boundaries(args)  # its errors now, before anything loads
     return args
+
+
+def check_output_dir(parser, output_dir):
+    """Refuses (`parser.error`) an `--output-dir` that cannot become a folder this run writes
+    into: a file, a path under a file, a loop of symbolic links, or a place it may not write.
+    A missing folder passes (the run creates it, with its parents)."""
+    path = Path(output_dir)
+    try:
+        os.stat(path)  # links followed
+    except FileNotFoundError:
+        if path.is_symlink():
+            parser.error(f"--output-dir {output_dir} is a link to {os.readlink(path)}, which does not exist.")
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            parser.error(f"--output-dir {output_dir} is a loop of symbolic links; pass a folder.")
+        if error.errno != errno.ENOTDIR:
+            parser.error(f"--output-dir {output_dir}: {error.strerror}.")
+    existing = next((folder for folder in (path.absolute(), *path.absolute().parents) if folder.exists()))
+    if not existing.is_dir():
+        where = "is a file" if existing == path.absolute() else f"is under the file {existing}"
+        parser.error(f"--output-dir {output_dir} {where}; pass a folder (it is created if missing).")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        parser.error(f"--output-dir {output_dir}: {existing} is not writable (permission denied).")
 
 
 def fast_mixed_precision():
@@ -339,8 +372,8 @@ def bert_special_ids(tokenizer):
 
 
 def bucket_boundaries(args):
-    """`--bucket-boundaries` as a list of ints, or None for "none" (pad to --sequence-length)."""
-    if args.bucket_boundaries in (None, "none"):
+    """`--bucket-boundaries` as a list of ints, or None for "none" or "" (pad to --sequence-length)."""
+    if args.bucket_boundaries in (None, "none", ""):
         return None
     try:
         boundaries = [int(value) for value in args.bucket_boundaries.split(",")]
@@ -403,7 +436,12 @@ def compile_task(model, args, steps_per_epoch, jit_compile, **kwargs):
 
 
 def start(args):
-    """Sets the strategy, dtype policy and seed from the flags; returns a `Run`."""
+    """Sets the strategy, dtype policy and seed from the flags; returns a `Run`.
+
+    It writes nothing: it checks the output folder (a run holding it, or an earlier run of other
+    settings, exit here, before anything loads). The run creates, locks and records itself in
+    the folder when it first writes there (`Run.claim_output_dir`).
+    """
     tfds.disable_progress_bar()
     try:
         config = kzoo.training.configure(
@@ -413,13 +451,34 @@ def start(args):
     except ValueError as error:
         args.parser.error(str(error))
     keras.utils.set_random_seed(args.seed)
-    output_dir = Path(args.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    run = Run(args, config, output_dir)
+    run = Run(args, config, Path(args.output_dir))
     if run.is_chief:
-        run.lock = lock_output_dir(args, output_dir)
-        check_earlier_run(args, output_dir)
+        check_lock(args, run.output_dir)
+        check_earlier_run(args, run.output_dir)
     return run
+
+
+def check_lock(args, output_dir):
+    """Exits naming the run that holds the output folder, if one does; creates nothing."""
+    try:
+        file = open(output_dir / LOCK_FILE)  # noqa: SIM115 (closed below)
+    except OSError:
+        return  # no lock file: no run holds the folder
+    with file:
+        try:  # a shared lock, released at once: it only tests for a holder
+            fcntl.flock(file, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _refuse_held_folder(args, output_dir, file)
+
+
+def _refuse_held_folder(args, output_dir, file):
+    file.seek(0)
+    holder = file.read().strip() or "another process"
+    file.close()
+    args.parser.error(
+        f"--output-dir {output_dir} is in use by another run: {holder}. "
+        "Wait for it to end, or pass another --output-dir."
+    )
 
 
 def lock_output_dir(args, output_dir):
@@ -432,16 +491,14 @@ def lock_output_dir(args, output_dir):
         The open lock file: the lock lasts while it is open.
     """
     file = open(output_dir / LOCK_FILE, "a+")  # noqa: SIM115 (the lock lasts while the file is open)
-    try:
-        fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        file.seek(0)
-        holder = file.read().strip() or "another process"
-        file.close()
-        args.parser.error(
-            f"--output-dir {output_dir} is in use by another run: {holder}. "
-            "Wait for it to end, or pass another --output-dir."
-        )
+    for attempt in range(10):
+        try:
+            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if attempt == 9:
+                _refuse_held_folder(args, output_dir, file)
+            time.sleep(0.02)  # another run's `check_lock` holds it for an instant
     file.truncate(0)
     file.write(f"pid {os.getpid()} on {socket.gethostname()}, running {' '.join(sys.argv)}\n")
     file.flush()
@@ -458,27 +515,25 @@ def run_settings(args):
 
 
 def check_earlier_run(args, output_dir):
-    """Checks the output folder against the run it may hold, and records this run's settings.
+    """Checks the output folder against the run it may hold; reads only (see `record_run`).
 
     - The backup of an unfinished run (`UNFINISHED_RUN_FILE` records its settings): the same
       settings resume it; other settings exit, naming them.
     - A finished run (its `METRICS_FILE`): other settings exit, naming them, as its files would
       be replaced; the same settings exit with status 0, printing its metrics (there is nothing
       to train).
-    - `--overwrite`: a run starts afresh whatever the folder holds (its backups and
-      `METRICS_FILE` are deleted, and `Run.fit` starts fresh checkpoints and logs).
+    - `--overwrite`: a run starts afresh whatever the folder holds (`record_run` deletes its
+      backups and `METRICS_FILE`, and `Run.fit` starts fresh checkpoints and logs).
 
-    Then, while unfinished, this run's settings are in `UNFINISHED_RUN_FILE`.
+    A torn record (empty, cut short) counts as missing (`read_record`).
     """
-    path = output_dir / UNFINISHED_RUN_FILE
+    if args.overwrite:
+        return
     settings = run_settings(args)
-    backups = sorted(str(backup) for backup in output_dir.glob("**/backup") if backup.is_dir())
-    if args.overwrite:  # Until it finishes, the folder holds no finished run.
-        for backup in backups:
-            shutil.rmtree(backup)
-        (output_dir / METRICS_FILE).unlink(missing_ok=True)
-    elif backups and path.is_file():
-        changed = changed_settings(json.loads(path.read_text(encoding="utf-8")), settings)
+    backups = _backups(output_dir)
+    earlier = read_record(output_dir / UNFINISHED_RUN_FILE) if backups else None
+    if earlier is not None:
+        changed = changed_settings(earlier, settings)
         if changed:
             args.parser.error(
                 f"--output-dir {output_dir} holds the backup of an unfinished run of other settings, so it "
@@ -486,8 +541,9 @@ def check_earlier_run(args, output_dir):
                 f"resume it, or delete {' and '.join(backups)} (or pass another --output-dir, or --overwrite) "
                 "to start afresh."
             )
-    elif (output_dir / METRICS_FILE).is_file():
-        record = json.loads((output_dir / METRICS_FILE).read_text(encoding="utf-8"))
+        return
+    record = read_record(output_dir / METRICS_FILE, ("metrics", "wall_time_s"))
+    if record is not None:
         changed = changed_settings(record.get("settings", {}), settings)
         if changed:
             args.parser.error(
@@ -499,7 +555,40 @@ def check_earlier_run(args, output_dir):
             f"\n{output_dir} holds a finished run of these settings: nothing to train. Pass --overwrite to train again."
         )
         raise SystemExit(0)
-    path.write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
+
+
+def record_run(args, output_dir):
+    """Makes the output folder this run's: under `--overwrite` the earlier run's backups and
+    `METRICS_FILE` go (until it finishes, the folder holds no finished run); then this run's
+    settings are in `UNFINISHED_RUN_FILE` while it is unfinished."""
+    if args.overwrite:
+        for backup in _backups(output_dir):
+            shutil.rmtree(backup)
+        (output_dir / METRICS_FILE).unlink(missing_ok=True)
+    kzoo.files.write_json(output_dir / UNFINISHED_RUN_FILE, run_settings(args))
+
+
+def _backups(output_dir):
+    return sorted(str(backup) for backup in output_dir.glob("**/backup") if backup.is_dir())
+
+
+def read_record(path, keys=()):
+    """The JSON object of a run's file (`metrics.json`, `unfinished_run.json`, ...), or None.
+
+    None when the file is missing, and when it is torn (empty, cut short, not a JSON object, or
+    without one of `keys`), as a disk that filled up or an older kzoo could leave it: a message
+    names it, and the run goes on as without it.
+    """
+    try:
+        record = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except ValueError:  # JSONDecodeError, UnicodeDecodeError
+        record = None
+    if not isinstance(record, dict) or any(key not in record for key in keys):
+        print(f"{path} is torn (empty, cut short or not the record it should be): treated as missing.")
+        return None
+    return record
 
 
 def changed_settings(earlier, settings):
@@ -587,6 +676,24 @@ def stop_on_divergence(args, output_dir):
         ) from None
 
 
+@contextlib.contextmanager
+def stop_on_write_error(args):
+    """Turns a write the disk refuses (full, read-only: `kzoo.files.WriteError`, or a library's
+    error saying the disk is full) into an exit with a message naming the file."""
+    try:
+        yield
+    except Exception as error:
+        if isinstance(error, kzoo.files.WriteError):
+            reason = str(error)
+        elif kzoo.files.disk_full(error):
+            reason = f"No space left on device while writing into {args.output_dir}."
+        else:
+            raise
+        full = kzoo.files.disk_full(error) or kzoo.files.disk_full(error.__cause__)
+        rerun = "Make room and run the same command again" if full else "Run the same command again once it is writable"
+        raise SystemExit(f"{args.recipe}: {reason} {rerun}: an unfinished run resumes from its last backup.") from None
+
+
 class Run:
     """One run of a recipe: its settings, `fit` with the recipe callbacks, and the files it writes.
 
@@ -603,6 +710,7 @@ class Run:
         self.is_chief = kzoo.training.is_chief(config.strategy)
         self.start_time = time.monotonic()
         self.lock = None
+        self._claimed = False
         self._fitted_folders = []
 
     @property
@@ -613,12 +721,51 @@ class Run:
         """Build and compile models in here."""
         return self.config.strategy.scope()
 
+    def claim_output_dir(self):
+        """Creates and locks the output folder and records this run there (`record_run`), once;
+        the run's writes (`fit`, `save`, `finish`, and `path` or `folder` for a recipe's own
+        files) call it. A run refused before then has written nothing."""
+        if self._claimed or not self.is_chief:
+            return
+        with self.writing():
+            try:
+                self.output_dir.mkdir(parents=True, exist_ok=True)
+                self.lock = lock_output_dir(self.args, self.output_dir)
+            except OSError as error:
+                raise kzoo.files.FolderError(
+                    f"Cannot write into --output-dir {self.output_dir}: {error.strerror}."
+                ) from error
+            check_earlier_run(self.args, self.output_dir)  # again, now under the lock
+            record_run(self.args, self.output_dir)
+        self._claimed = True
+
     def path(self, name):
+        """The path of the file `name` in the output folder, which the run claims first."""
+        self.claim_output_dir()
         return self.output_dir / name
 
     def folder(self, name=None):
-        """The output folder, or its subfolder `name` (for one of several models)."""
+        """The output folder, or its subfolder `name` (for one of several models); the run
+        claims the folder first."""
+        self.claim_output_dir()
         return self.output_dir if name is None else self.output_dir / name
+
+    @contextlib.contextmanager
+    def writing(self):
+        """Writes of the run in here: one the disk refuses ends the run with a message
+        (`stop_on_write_error`), and releases its folder."""
+        try:
+            with stop_on_write_error(self.args):
+                yield
+        except SystemExit:
+            self._unlock()
+            raise
+
+    def write_json(self, name, value):
+        """Writes `value` to the JSON file `name` of the output folder, whole or not at all."""
+        if self.is_chief:
+            with self.writing():
+                kzoo.files.write_json(self.path(name), value)
 
     def fit(self, model, stream, steps_per_epoch, validation_data=None, name=None):
         """`model.fit` over the repeated `stream` for `--epochs`, with backups, checkpoints and logs.
@@ -650,7 +797,7 @@ class Run:
         )
         if validation_data is not None:
             validation_data = checked_token_ids(with_known_length(validation_data), model)
-        with stop_on_divergence(self.args, folder), stop_on_bad_token_ids(self.args):
+        with stop_on_divergence(self.args, folder), stop_on_bad_token_ids(self.args), self.writing():
             history = model.fit(
                 kzoo.training.shard_by_data(checked_token_ids(stream, model)),
                 epochs=self.args.epochs,
@@ -673,7 +820,8 @@ class Run:
             The path of `model.keras`.
         """
         folder = self.folder(name) if self.is_chief else Path(tempfile.mkdtemp(prefix="kzoo_save_"))
-        model.save(folder / MODEL_FILE)
+        with self.writing(), kzoo.files.atomic_file(folder / MODEL_FILE, mode=None) as staging:
+            model.save(staging)
         return folder / MODEL_FILE
 
     def finish(self, histories, metrics, steps_per_epoch):
@@ -698,8 +846,9 @@ class Run:
             "history": histories,
         }
         if self.is_chief:
-            plot_histories(histories, steps_per_epoch, self.path(CURVES_FILE), title=self.args.recipe)
-            self.path(METRICS_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+            with self.writing():
+                plot_histories(histories, steps_per_epoch, self.path(CURVES_FILE), title=self.args.recipe)
+            self.write_json(METRICS_FILE, record)
             self._remove_backups()
         print_metrics(self.args.recipe, self.output_dir, record)
         return record
@@ -709,6 +858,9 @@ class Run:
         for folder in self._fitted_folders:
             shutil.rmtree(folder / "backup", ignore_errors=True)
         (self.output_dir / UNFINISHED_RUN_FILE).unlink(missing_ok=True)
+        self._unlock()
+
+    def _unlock(self):
         if self.lock is not None:
             self.lock.close()
             self.lock = None
@@ -772,4 +924,5 @@ def plot_histories(histories, steps_per_epoch, path, title=""):
         axis.grid(alpha=0.3)
         axis.legend(fontsize="small")
     figure.suptitle(title)
-    figure.savefig(path, dpi=100)
+    with kzoo.files.atomic_file(path, mode=None) as staging:  # the format from the name's suffix
+        figure.savefig(staging, dpi=100)

@@ -85,7 +85,7 @@ def train_seq2seq(args, run, train, validation, source_length, target_length, lo
             dataset, tokenizer, tokenizer, source_length, target_length, args.batch_size, **kwargs
         )
 
-    boundaries = [int(length) for length in args.bucket_boundaries.split(",") if length]
+    boundaries = _common.bucket_boundaries(args) or []
     train_batches = batches(
         train,
         bucket_boundaries=[length for length in boundaries if length < max(source_length, target_length)] or None,

@@ -44,9 +44,7 @@ tests take seconds instead of minutes: every step is the default run's, on a tin
 """
 
 import argparse
-import json
 import math
-import shutil
 import time
 
 import _common
@@ -58,6 +56,7 @@ from keras import ops
 
 import kzoo
 import kzoo.data
+from kzoo import files
 from kzoo.models import chat_template
 from kzoo.models import hf_checkpoint
 from kzoo.models import hf_tokenizer
@@ -175,6 +174,7 @@ def main(argv=None):
     timings = {}
     start = time.monotonic()
     lm = load_chat_model(args, run)
+    check_lora_rank(args, lm)
     tokenizer = lm.tokenizer
     train, test = load_task(args)
     train_examples = chat_examples(tokenizer, train["conversations"], train["replies"])
@@ -194,6 +194,7 @@ def main(argv=None):
         model = ReplyLogits(lm)
         _common.compile_task(model, args, steps_per_epoch, run.jit_compile)
     timings["loading_s"] = time.monotonic() - start
+    run.claim_output_dir()  # every flag is checked: the run takes its folder before its long steps
 
     start = time.monotonic()
     zero_shot = read_zero_shot(args, run)
@@ -214,7 +215,8 @@ def main(argv=None):
 
     start = time.monotonic()
     run.save(lm)
-    export_to_transformers(lm, run.path(TRANSFORMERS_FOLDER))
+    with run.writing():
+        export_to_transformers(lm, run.path(TRANSFORMERS_FOLDER))
     timings["saving_s"] = time.monotonic() - start
 
     metrics = {
@@ -261,6 +263,21 @@ def load_chat_model(args, run):
             "--tokenizer a checkpoint whose tokenizer has one."
         )
     return lm
+
+
+def check_lora_rank(args, lm):
+    """Exits with a usage error when `--lora-layers` names no layer of the model, or `--lora-rank`
+    exceeds the smallest dimension of their kernels (beyond it a rank adds memory, even more
+    than there is, and no expressiveness): before the LoRA weights are made."""
+    try:
+        limit = lm.backbone.max_lora_rank(args.lora_layers.split(","))
+    except ValueError as error:
+        args.parser.error(f"--lora-layers {args.lora_layers}: {error}")
+    if args.lora_rank > limit:
+        args.parser.error(
+            f"--lora-rank must be in [1, {limit}] for the {args.lora_layers} layers of --checkpoint "
+            f"{args.checkpoint} (the smallest dimension of their kernels); received {args.lora_rank}."
+        )
 
 
 def checkpoint_tokenizer(name):
@@ -320,14 +337,10 @@ class ReplyLogits(kzoo.models.Task):
 
 
 def export_to_transformers(lm, folder):
-    """`lm.export_to_transformers(folder)`, all or nothing: written beside, then moved into place
-    (over the folder of a run killed while writing it)."""
-    partial = folder.with_name(folder.name + ".partial")
-    for path in (partial, folder):
-        if path.exists():
-            shutil.rmtree(path)
-    lm.export_to_transformers(str(partial))
-    partial.rename(folder)
+    """`lm.export_to_transformers(folder)`, all or nothing (`kzoo.files.atomic_folder`): written
+    beside, then moved into place, over the folder of a run killed after writing it."""
+    with files.atomic_folder(folder, overwrite=True) as staging:
+        lm.export_to_transformers(str(staging))
 
 
 # --- The data ----------------------------------------------------------------------------------
@@ -577,18 +590,18 @@ def print_evaluation(name, evaluation):
 
 
 def read_zero_shot(args, run):
-    """The zero-shot evaluation of an earlier attempt at this run (same settings), or None."""
-    path = run.path(ZERO_SHOT_FILE)
-    if args.overwrite or not path.is_file():
+    """The zero-shot evaluation of an earlier attempt at this run (same settings), or None (also
+    for a torn file, with a message)."""
+    if args.overwrite:
         return None
-    record = json.loads(path.read_text(encoding="utf-8"))
-    return None if _common.changed_settings(record["settings"], _common.run_settings(args)) else record["evaluation"]
+    record = _common.read_record(run.path(ZERO_SHOT_FILE), ("settings", "evaluation"))
+    if record is None or _common.changed_settings(record["settings"], _common.run_settings(args)):
+        return None
+    return record["evaluation"]
 
 
 def write_zero_shot(args, run, evaluation):
-    if run.is_chief:
-        record = {"settings": _common.run_settings(args), "evaluation": evaluation}
-        run.path(ZERO_SHOT_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    run.write_json(ZERO_SHOT_FILE, {"settings": _common.run_settings(args), "evaluation": evaluation})
 
 
 if __name__ == "__main__":

@@ -37,7 +37,6 @@ the prompt as text, `english [SEP]`:
     python export/serve_litertlm.py runs/gpt_translate/export/model.litertlm --prompt "How are you? [SEP]" --greedy
 """
 
-import json
 from pathlib import Path
 
 import _common
@@ -90,7 +89,7 @@ def main(argv=None):
     def batches(pairs, **kwargs):
         return kzoo.data.conditional_lm_batches(pairs, tokenizer, args.sequence_length, args.batch_size, **kwargs)
 
-    boundaries = [int(length) for length in args.bucket_boundaries.split(",") if length]
+    boundaries = _common.bucket_boundaries(args) or []
     train_batches = batches(
         train,
         bucket_boundaries=[length for length in boundaries if length < args.sequence_length - 1] or None,
@@ -163,8 +162,10 @@ def read_seq2seq_run(args):
                 f"--seq2seq-run {folder} holds no {_common.METRICS_FILE}: run seq2seq_translate.py first."
             )
         return None
-    record = json.loads(path.read_text(encoding="utf-8"))
-    if record.get("recipe") != "seq2seq_translate" or "test_bleu" not in record.get("metrics", {}):
+    record = _common.read_record(path, ("metrics",))
+    if record is None and not args.seq2seq_run:
+        return None  # torn: as if the default run had not finished
+    if record is None or record.get("recipe") != "seq2seq_translate" or "test_bleu" not in record["metrics"]:
         args.parser.error(f"{path} is not the record of a finished seq2seq_translate run.")
     return record
 

@@ -38,6 +38,7 @@ from matplotlib.figure import Figure
 
 import kzoo
 import kzoo.data
+import kzoo.files
 import kzoo.training
 
 MODELS = ("feed_forward", "rnn", "lstm", "gru", "gpt")
@@ -85,6 +86,7 @@ def main(argv=None):
     validation_windows = _common.text_windows(args, "validation", tokenizer, args.sequence_length, args.batch_size)
     validation_windows = validation_windows.take(args.validation_batches)
 
+    run.claim_output_dir()  # every flag is checked: the run takes its folder before it trains
     table, curves = [], {}
     for name in names:
         # Every model starts from the same seed and sees the same batches: a new stream
@@ -267,7 +269,8 @@ def plot_curves(curves, path, title):
     axis.set_title(title)
     axis.grid(alpha=0.3, which="both")
     axis.legend()
-    figure.savefig(path, dpi=100)
+    with kzoo.files.atomic_file(path, mode=None) as staging:  # the format from the name's suffix
+        figure.savefig(staging, dpi=100)
 
 
 if __name__ == "__main__":

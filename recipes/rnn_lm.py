@@ -15,7 +15,6 @@ folder, and prints the validation perplexities side by side with the GPT's, read
 `--gpt-run`'s `metrics.json` when that run exists.
 """
 
-import json
 import math
 from pathlib import Path
 
@@ -91,7 +90,9 @@ def read_gpt_run(args):
     if not path.is_file():
         print(f"No GPT run in {args.gpt_run} (run recipes/gpt_lm.py first to compare with it).")
         return {}
-    record = json.loads(path.read_text(encoding="utf-8"))
+    record = _common.read_record(path, ("settings", "metrics"))
+    if record is None:
+        return {}
     settings = record["settings"]
     compared = ("dataset", "sequence_length", "batch_size", "steps", "epochs")
     different = [key for key in compared if settings.get(key) != getattr(args, key)]

@@ -33,6 +33,7 @@ import keras
 import keras_hub
 import tensorflow as tf
 
+from kzoo import files
 from kzoo.data.characters import CharacterTokenizer
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[BOS]", "[EOS]")
@@ -132,7 +133,7 @@ def save_tokenizer(tokenizer, directory):
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     config = keras.saving.serialize_keras_object(tokenizer)
-    (directory / _CONFIG_FILE).write_text(json.dumps(config, indent=2), encoding="utf-8")
+    files.write_text(directory / _CONFIG_FILE, json.dumps(config, indent=2))
     if tokenizer.file_assets:
         tokenizer.save_assets(str(directory))
 

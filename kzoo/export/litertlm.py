@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+from kzoo import files
 from kzoo import logs
 from kzoo.export import litertlm_model
 from kzoo.export import verification
@@ -410,7 +411,7 @@ def write_bundle(path, tflite_model, tokenizer_json, metadata):
         builder.add_tflite_model(str(folder / "model.tflite"), litertlm_builder.TfLiteModelType.PREFILL_DECODE)
         builder.add_hf_tokenizer(str(folder / "tokenizer.json"))
         builder.add_llm_metadata(str(folder / "llm_metadata.pb"))
-        with open(path, "wb") as file:
+        with files.atomic_file(path) as file:  # whole, or not at all
             builder.build(file)
 
 

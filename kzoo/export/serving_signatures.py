@@ -1,10 +1,10 @@
 """The serving signatures of a kzoo model, traced once, over one copy of its variables."""
 
 import json
-import os
 
 import tensorflow as tf
 
+from kzoo import files
 from kzoo import models
 from kzoo.models import TiedLogits
 from kzoo.models import generation
@@ -217,10 +217,10 @@ class ServingSignatures:
     def save(self, path):
         """Writes the SavedModel of `savedmodel_signatures()` to `path`, with `info` in
         `path/assets.extra/kzoo_model.json`."""
-        tf.saved_model.save(self.trackable(), str(path), signatures=self.savedmodel_signatures())
-        os.makedirs(os.path.join(path, "assets.extra"), exist_ok=True)
-        with open(os.path.join(path, "assets.extra", INFO_FILE), "w", encoding="utf-8") as file:
-            json.dump(self.info, file, indent=2)
+        with files.atomic_folder(path, overwrite=True) as staging:  # whole, or not at all
+            tf.saved_model.save(self.trackable(), str(staging), signatures=self.savedmodel_signatures())
+            (staging / "assets.extra").mkdir(exist_ok=True)
+            (staging / "assets.extra" / INFO_FILE).write_text(json.dumps(self.info, indent=2), encoding="utf-8")
 
     def trackable(self):
         """A `tf.Module` holding the variables once (and the tokenizer's

@@ -1,5 +1,6 @@
 import contextlib
 import gc
+import math
 
 import keras
 
@@ -82,13 +83,17 @@ class Backbone(keras.Model):
         except that the adapted layers' biases stay frozen too.
 
         Args:
-            rank: int, the rank of the update.
+            rank: int, the rank of the update, in [1, `max_lora_rank(...)`].
             target_layer_names: the names of the layers to adapt; by default
                 the query and value projections of every attention
                 ("query", "value"), as in the LoRA paper.
 
         Returns:
             The adapted layers.
+
+        Raises:
+            ValueError: for a rank out of its range (checked before any
+                weight is made), or names that match no layer.
 
         Example:
         >>> lm = kzoo.models.GPTCausalLM.from_preset("gpt_tiny")
@@ -100,11 +105,15 @@ class Backbone(keras.Model):
             Hu et al., "LoRA: Low-Rank Adaptation of Large Language Models", 2021.
         """
         check_positive_int("rank", rank)
-        names = ("query", "value") if target_layer_names is None else tuple(target_layer_names)
+        limit = self.max_lora_rank(target_layer_names)
+        if rank > limit:
+            # Checked before any weight is made: a huge rank would exhaust the memory first.
+            raise ValueError(
+                f"`rank` must be in [1, {limit}] (the smallest dimension of the adapted kernels: a larger "
+                f"update A B is no richer); received rank={rank}."
+            )
+        adapted = self._lora_layers(target_layer_names)
         layers = self._flatten_layers(include_self=False)
-        adapted = [layer for layer in layers if layer.name in names and hasattr(layer, "enable_lora")]
-        if not adapted:
-            raise ValueError(f"No layer of this backbone is named one of `target_layer_names` {list(names)}.")
         self.trainable = True
         for layer in layers:
             layer.trainable = False
@@ -113,6 +122,31 @@ class Backbone(keras.Model):
             layer.enable_lora(rank)  # freezes the kernel
             if getattr(layer, "bias", None) is not None:
                 layer.bias.trainable = False  # LoRA adapts the kernels only
+        return adapted
+
+    def max_lora_rank(self, target_layer_names=None):
+        """The largest rank `enable_lora` takes for these layers: the smallest dimension of their
+        kernels, each as the matrix its update A B stands for (inputs by outputs). A larger
+        rank adds parameters (and memory) and no expressiveness.
+
+        Args:
+            target_layer_names: as `enable_lora`'s.
+
+        Raises:
+            ValueError: when no layer of the backbone has one of the names.
+
+        Example:
+        >>> kzoo.models.GPTBackbone.from_preset("gpt_tiny").max_lora_rank()  # a head's width
+        32
+        """
+        return min(min(_lora_dimensions(layer)) for layer in self._lora_layers(target_layer_names))
+
+    def _lora_layers(self, target_layer_names):
+        names = ("query", "value") if target_layer_names is None else tuple(target_layer_names)
+        layers = self._flatten_layers(include_self=False)
+        adapted = [layer for layer in layers if layer.name in names and hasattr(layer, "enable_lora")]
+        if not adapted:
+            raise ValueError(f"No layer of this backbone is named one of `target_layer_names` {list(names)}.")
         return adapted
 
     def quantize(self, mode=None, config=None, filters=None, **kwargs):
@@ -138,6 +172,15 @@ class Backbone(keras.Model):
 # `model.quantize(mode)` replaces the float kernels of its Dense, EinsumDense
 # and Embedding layers; a config records which layers it quantized (by path),
 # so that `from_constructor_config` quantizes the rebuilt ones before their weights load.
+
+
+def _lora_dimensions(layer):
+    """The (inputs, outputs) of the matrix that a layer's LoRA update A B stands for: Keras gives
+    A the kernel's shape but its last axis, and B its last axis."""
+    shape = tuple(layer.kernel.shape)
+    if layer.quantization_mode == "int4":  # the kernel is packed; the layer keeps its own shape
+        shape = tuple(getattr(layer, "original_kernel_shape", None) or (layer._orig_input_dim, *shape[1:]))
+    return math.prod(shape[:-1]), shape[-1]
 
 
 def add_quantization_config(config, model):

@@ -36,7 +36,6 @@ and the metadata must agree with the tensors' shapes. Nothing is dequantized unt
 import dataclasses
 import math
 import mmap
-import os
 import re
 import struct
 import warnings
@@ -45,6 +44,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
+from kzoo import files
 from kzoo.models import hf_checkpoint
 from kzoo.models.hf_checkpoint import CheckpointError
 
@@ -478,8 +478,9 @@ class GGUFCheckpoint:
 def write_gguf(path, config, tensors, tokenizer_fields=None, file_type="F16", *, name=None, overwrite=False):
     """Writes a Hugging Face causal LM as a GGUF file, as llama.cpp's convert_hf_to_gguf.py does.
 
-    The file is written beside `path` and renamed into place once complete: a failure leaves
-    nothing behind.
+    The file is written beside `path`, under a staging name of this writer's own, and renamed
+    into place once complete (`kzoo.files.atomic_file`): a failure leaves nothing behind, and
+    of two writers to one path, the file is one of theirs, whole.
 
     Args:
         path: the `.gguf` file to write.
@@ -495,6 +496,13 @@ def write_gguf(path, config, tensors, tokenizer_fields=None, file_type="F16", *,
         name: `general.name`; defaults to the GGUF architecture (transformers cannot load a
             `llama` file named exactly "mistral").
         overwrite: whether an existing `path` may be replaced.
+
+    Raises:
+        CheckpointError: for a model or tokenizer that cannot be written, or an existing `path`
+            without `overwrite`.
+        kzoo.files.FileError: when `path` cannot be written: "No space left on device: nothing
+            was written to <path>." for a full disk, "Read-only file system: ..." for a
+            read-only one.
     """
     path = Path(path)
     if path.exists() and not overwrite:
@@ -510,29 +518,29 @@ def write_gguf(path, config, tensors, tokenizer_fields=None, file_type="F16", *,
     arrays = _checked_tensors(tensors, config, expected)
     tokenizer_fields = dict(tokenizer_fields or {})
     _check_tokenizer_fields(tokenizer_fields, config["vocab_size"])
-    staging = path.with_name(f".{path.name}.partial")
-    writer = gguf.GGUFWriter(staging, architecture)
-    try:
-        _write_metadata(writer, config, spec, FILE_TYPES[file_type], name or architecture)
-        for key, value in tokenizer_fields.items():
-            writer.add_key_value(key, value, *_tokenizer_value_type(key, value))
-        qtypes = {name: _tensor_type(gguf_name, arrays[name], file_type) for name, (gguf_name, _) in expected.items()}
-        for name, (gguf_name, shape) in expected.items():
-            block, size = gguf.GGML_QUANT_SIZES[qtypes[name]]
-            nbytes = math.prod(shape) // block * size
-            writer.add_tensor_info(gguf_name, shape, np.dtype(np.float32), nbytes, raw_dtype=qtypes[name])
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_ti_data_to_file()
-        for name, (gguf_name, _) in expected.items():  # one quantized tensor in memory at a time
-            data = _llama_cpp_changes(arrays[name], gguf_name, config, spec, to_llama_cpp=True)
-            writer.write_tensor_data(gguf.quants.quantize(data, qtypes[name]))
-        writer.close()
-        os.replace(staging, path)
-    except BaseException:
-        writer.close()
-        staging.unlink(missing_ok=True)
-        raise
+    # A staging file of this writer's own (`kzoo.files.atomic_file`): two writers to one path
+    # never write into one file, and a full disk names `path`, not the staging file.
+    with files.atomic_file(path, mode=None, overwrite=overwrite) as staging:
+        writer = gguf.GGUFWriter(staging, architecture)
+        try:
+            _write_metadata(writer, config, spec, FILE_TYPES[file_type], name or architecture)
+            for key, value in tokenizer_fields.items():
+                writer.add_key_value(key, value, *_tokenizer_value_type(key, value))
+            qtypes = {
+                name: _tensor_type(gguf_name, arrays[name], file_type) for name, (gguf_name, _) in expected.items()
+            }
+            for name, (gguf_name, shape) in expected.items():
+                block, size = gguf.GGML_QUANT_SIZES[qtypes[name]]
+                nbytes = math.prod(shape) // block * size
+                writer.add_tensor_info(gguf_name, shape, np.dtype(np.float32), nbytes, raw_dtype=qtypes[name])
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_ti_data_to_file()
+            for name, (gguf_name, _) in expected.items():  # one quantized tensor in memory at a time
+                data = _llama_cpp_changes(arrays[name], gguf_name, config, spec, to_llama_cpp=True)
+                writer.write_tensor_data(gguf.quants.quantize(data, qtypes[name]))
+        finally:
+            writer.close()
 
 
 @dataclasses.dataclass(frozen=True)

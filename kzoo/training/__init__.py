@@ -20,7 +20,7 @@ A recipe, unchanged from one CPU to a GPU box, a cluster or a TPU VM (the strate
 - `configure(...)`: the strategy, the global dtype policy and `jit_compile`, as a `TrainingConfig`.
 - `MultiWorkerTrainerMixin`: the fix for `fit` under `MultiWorkerMirroredStrategy` (keras#20585).
 - `callbacks(...)`, `BackupAndRestore`: exact resumption after a kill, a stop on a NaN loss;
-  only the chief writes files.
+  only the chief writes files; `AtomicModelCheckpoint`, Keras' with each file written whole.
 - `shard_by_data(dataset)`: each worker keeps its part of every global batch.
 """
 
@@ -28,6 +28,7 @@ from kzoo.models.multi_worker_trainer_mixin import MultiWorkerTrainerMixin
 from kzoo.training.backup_and_restore import BackupAndRestore
 from kzoo.training.backup_and_restore import is_chief
 from kzoo.training.callbacks import HISTORY_FILE
+from kzoo.training.callbacks import AtomicModelCheckpoint
 from kzoo.training.callbacks import ResumedCSVLogger
 from kzoo.training.callbacks import callbacks
 from kzoo.training.sharding import shard_by_data

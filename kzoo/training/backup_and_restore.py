@@ -1,12 +1,13 @@
 import json
 import os
-import shutil
 import tempfile
 
 import h5py
 import keras
 import numpy as np
 import tensorflow as tf
+
+from kzoo import files
 
 _STREAM_NEEDED = (
     "kzoo.training.BackupAndRestore resumes mid-epoch by skipping the batches already trained on, "
@@ -56,12 +57,14 @@ class BackupAndRestore(keras.callbacks.Callback):
     validation, or between epochs, repeats at most the last steps and the
     end of that epoch.
 
-    Each backup is one file written beside the last and renamed over it,
-    the state in the weights file: a kill while writing leaves the previous
-    backup whole. Weights holding NaN or Inf are never backed up: the
-    callback raises `FloatingPointError` instead, keeping the last finite
-    backup (put `keras.callbacks.TerminateOnNaN(raise_error=True)` before it
-    to stop on the loss first, as `kzoo.training.callbacks` does).
+    Each backup is one file written beside the last and renamed over it
+    (`kzoo.files.atomic_file`), the state in the weights file: a kill while
+    writing leaves the previous backup whole, and a full disk raises
+    `kzoo.files.FileError` naming the backup. Weights holding NaN or Inf
+    are never backed up: the callback raises `FloatingPointError` instead,
+    keeping the last finite backup (put
+    `keras.callbacks.TerminateOnNaN(raise_error=True)` before it to stop on
+    the loss first, as `kzoo.training.callbacks` does).
 
     Exact resumption needs the data to be one deterministic stream across
     epochs: an infinite dataset (`.repeat()`) whose order does not depend
@@ -233,26 +236,32 @@ class BackupAndRestore(keras.callbacks.Callback):
             if batch >= 0
             else None,
         }
-        tf.io.gfile.makedirs(self.backup_dir)
-        local = _is_local(self.backup_dir)
-        staging = tempfile.mkdtemp(prefix=".partial-", dir=self.backup_dir if local else None)
-        try:
-            path = os.path.join(staging, LATEST)
-            self.model.save_weights(path)
-            with h5py.File(path, "a") as file:
-                file.attrs[_STATE_ATTRIBUTE] = json.dumps(state)
-                lora = file.create_group(_LORA_GROUP)
-                for name, variable in _lora_variables(self.model).items():
-                    lora.create_dataset(name, data=keras.ops.convert_to_numpy(variable))
-            latest = os.path.join(self.backup_dir, LATEST)
-            if not local:
-                tf.io.gfile.copy(path, latest + ".partial", overwrite=True)
-                path = latest + ".partial"
-            if self.double_checkpoint and tf.io.gfile.exists(latest):
-                tf.io.gfile.rename(latest, os.path.join(self.backup_dir, PREVIOUS), overwrite=True)
-            tf.io.gfile.rename(path, latest, overwrite=True)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+        latest = os.path.join(self.backup_dir, LATEST)
+        if _is_local(self.backup_dir):
+            # Written aside under a name of this writer's own, then renamed over the latest
+            # (`kzoo.files.atomic_file`); a full disk names the backup, not the staging file.
+            with files.atomic_file(latest, mode=None) as staging:
+                self._write_backup(str(staging), state)
+                if self.double_checkpoint and os.path.exists(latest):
+                    os.replace(latest, os.path.join(self.backup_dir, PREVIOUS))
+            return
+        with tempfile.TemporaryDirectory() as local:
+            path = os.path.join(local, LATEST)
+            self._write_backup(path, state)
+            tf.io.gfile.makedirs(self.backup_dir)
+            tf.io.gfile.copy(path, latest + ".partial", overwrite=True)
+        if self.double_checkpoint and tf.io.gfile.exists(latest):
+            tf.io.gfile.rename(latest, os.path.join(self.backup_dir, PREVIOUS), overwrite=True)
+        tf.io.gfile.rename(latest + ".partial", latest, overwrite=True)
+
+    def _write_backup(self, path, state):
+        """Writes the weights file `path` (local), with `state` and the LoRA variables in it."""
+        self.model.save_weights(path)
+        with h5py.File(path, "a") as file:
+            file.attrs[_STATE_ATTRIBUTE] = json.dumps(state)
+            lora = file.create_group(_LORA_GROUP)
+            for name, variable in _lora_variables(self.model).items():
+                lora.create_dataset(name, data=keras.ops.convert_to_numpy(variable))
 
     def _restore(self):
         """Loads the latest readable backup of `restore_dir` into the model; returns its state, or None."""

@@ -7,7 +7,9 @@ import tempfile
 
 import keras
 import tensorflow as tf
+from keras.src.utils import io_utils
 
+from kzoo import files
 from kzoo.training.backup_and_restore import BackupAndRestore
 from kzoo.training.backup_and_restore import is_chief
 
@@ -24,7 +26,8 @@ def callbacks(
     backup keeps the last finite weights). Writes `output_dir/backup` (kept
     while the run is unfinished: run the same command again to resume it;
     see `BackupAndRestore`), `output_dir/checkpoints/epoch_NNN.keras`
-    (the model after each epoch), `output_dir/history.csv` (one row per epoch,
+    (the model after each epoch, each written whole or not at all: see
+    `AtomicModelCheckpoint`), `output_dir/history.csv` (one row per epoch,
     continued across resumes) and `output_dir/logs` (TensorBoard). In a
     multi-worker run only the chief writes to `output_dir`, which must be on
     storage all workers see; the other workers run the same callbacks into a
@@ -77,7 +80,7 @@ def callbacks(
     if checkpoint:
         # Non-chief workers save too (see BackupAndRestore), over one file.
         name = "epoch_{epoch:03d}.keras" if chief else "checkpoint.keras"
-        result.append(keras.callbacks.ModelCheckpoint(os.path.join(write_dir, "checkpoints", name)))
+        result.append(AtomicModelCheckpoint(os.path.join(write_dir, "checkpoints", name)))
     if history:
         result.append(ResumedCSVLogger(os.path.join(write_dir, HISTORY_FILE)))
     if tensorboard:
@@ -85,6 +88,36 @@ def callbacks(
     if not chief:
         result.append(_RemoveDirectoryOnTrainEnd(write_dir))
     return result
+
+
+class AtomicModelCheckpoint(keras.callbacks.ModelCheckpoint):
+    """Keras' `ModelCheckpoint`, each file written beside its destination and renamed into place.
+
+    Keras writes a checkpoint in place: a run killed, or whose disk fills, while saving leaves
+    a truncated file that does not load. Here each save goes through `kzoo.files.atomic_file`:
+    a failed save leaves no file (and an earlier one at that path as it was), and a full disk
+    is a `kzoo.files.FileError` naming the checkpoint ("No space left on device: nothing was
+    written to <path>."). Paths that are not local (`gs://...`) are saved as Keras does.
+
+    Args:
+        filepath: as Keras' (e.g. "checkpoints/epoch_{epoch:03d}.keras").
+        **kwargs: Keras' `ModelCheckpoint` arguments.
+    """
+
+    def _save_model(self, epoch, batch, logs):
+        filepath = self._get_file_path(epoch, batch, logs)
+        if "://" in filepath:
+            return super()._save_model(epoch, batch, logs)
+        if not self._should_save_model(epoch, batch, logs, filepath):
+            return None
+        with files.atomic_file(filepath, mode=None) as staging:
+            if self.save_weights_only:
+                self.model.save_weights(staging, overwrite=True)
+            else:
+                self.model.save(staging, overwrite=True)
+        if self.verbose > 0:
+            io_utils.print_msg(f"\nEpoch {epoch + 1}: finished saving model to {filepath}")
+        return None
 
 
 class ResumedCSVLogger(keras.callbacks.CSVLogger):
@@ -115,8 +148,11 @@ class ResumedCSVLogger(keras.callbacks.CSVLogger):
         with tf.io.gfile.GFile(self.filename, "r") as file:
             lines = file.read().splitlines(keepends=True)
         kept = lines[:1] + [line for line in lines[1:] if _epoch_of(line) < epoch] if epoch > 0 else []
-        with tf.io.gfile.GFile(self.filename, "w") as file:
-            file.write("".join(kept))
+        if "://" in self.filename:
+            with tf.io.gfile.GFile(self.filename, "w") as file:
+                file.write("".join(kept))
+        else:  # a kill while rewriting leaves the rows as they were
+            files.write_text(self.filename, "".join(kept))
         super().on_train_begin()  # Opens the file again to append, with a header if it kept none.
 
 

