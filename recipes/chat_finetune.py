@@ -287,9 +287,8 @@ def checkpoint_tokenizer(name):
     path = presets.packaged_checkpoint(name) if entry is not None and "weights" in entry else str(name)
     if path.endswith(".gguf"):
         from kzoo.models.gguf_checkpoint import GGUFCheckpoint
-        from kzoo.models.gguf_tokenizer import tokenizer_from_gguf
 
-        return tokenizer_from_gguf(GGUFCheckpoint(path).tokenizer_fields)
+        return GGUFCheckpoint(path).tokenizer()
     if hf_checkpoint.is_hf_folder(path):
         tokenizer = hf_tokenizer.load_tokenizer(path)
         if tokenizer is not None:

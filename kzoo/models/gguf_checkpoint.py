@@ -311,6 +311,26 @@ class GGUFCheckpoint:
             if key.startswith("tokenizer.")
         }
 
+    def tokenizer(self):
+        """The file's `HFTokenizer` (with its chat template), or None where it holds no tokenizer.
+
+        The tokenizer's pipeline follows the file's architecture as well as its `tokenizer.*`
+        fields: a "llama" vocabulary splits as Gemma's SentencePiece in a Gemma file.
+
+        Raises:
+            CheckpointError: naming the file and the field, for a tokenizer kzoo cannot read.
+        """
+        fields = self.tokenizer_fields
+        if "tokenizer.ggml.model" not in fields:
+            return None
+        from kzoo.models.gguf_tokenizer import ARCHITECTURE  # the tokenizers library: only here
+        from kzoo.models.gguf_tokenizer import tokenizer_from_gguf
+
+        try:
+            return tokenizer_from_gguf({ARCHITECTURE: self.metadata[ARCHITECTURE], **fields}, source=self.path)
+        except ValueError as error:  # it names the field; the file is named here
+            raise CheckpointError(f"{self.path}: {error}") from error
+
     def _tensor(self, name):
         if name not in self._tensors:
             raise CheckpointError(f"{self.path} has no tensor {name!r}.")
@@ -959,14 +979,7 @@ def load(cls, path, kwargs):
     kwargs = dict(kwargs)
     is_task = getattr(cls, "backbone_cls", None) is not None
     if is_task and "tokenizer" not in kwargs:
-        if "tokenizer.ggml.model" in checkpoint.tokenizer_fields:
-            from kzoo.models.gguf_tokenizer import tokenizer_from_gguf  # the tokenizers library: only here
-
-            try:
-                kwargs["tokenizer"] = tokenizer_from_gguf(checkpoint.tokenizer_fields, source=checkpoint.path)
-            except ValueError as error:  # it names the field; the file is named here
-                raise CheckpointError(f"{checkpoint.path}: {error}") from error
-        else:
+        kwargs["tokenizer"] = checkpoint.tokenizer()
+        if kwargs["tokenizer"] is None:
             warnings.warn(f"{path} holds no tokenizer: the model comes without one.", stacklevel=3)
-            kwargs["tokenizer"] = None
     return hf_checkpoint.load(cls, path, kwargs, reader=checkpoint, config=checkpoint.config, source=checkpoint.path)

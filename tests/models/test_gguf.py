@@ -824,3 +824,34 @@ def test_export_to_gguf_runs_in_transformers_with_kzoo_logits(tmp_path, written,
     np.testing.assert_allclose(logits(theirs, ids), ours, rtol=0, atol=TOLERANCE)
     with pytest.raises(CheckpointError, match="exists"):
         lm.export_to_gguf(tmp_path / "out.gguf")
+
+
+def test_a_gemma_file_reads_its_tokenizer_as_gemma_s_as_transformers_does(tmp_path):
+    """A Gemma GGUF's "llama" vocabulary splits as Gemma's SentencePiece (spaces kept, no "▁"
+    prefix), not Llama's: the file's architecture reaches the tokenizer. Ids are transformers'."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    from kzoo.models import CausalLM
+    from tests.models import tokenizer_files
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(tokenizer_files.sentencepiece_model("gemma"))
+    model = tiny_model("gemma3_text", vocab_size=len(proto.pieces), bos_token_id=proto.trainer_spec.bos_id)
+    fields = {
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.tokens": [piece.piece for piece in proto.pieces],
+        "tokenizer.ggml.scores": [piece.score for piece in proto.pieces],
+        "tokenizer.ggml.token_type": [piece.type for piece in proto.pieces],
+        "tokenizer.ggml.bos_token_id": proto.trainer_spec.bos_id,
+        "tokenizer.ggml.eos_token_id": proto.trainer_spec.eos_id,
+        "tokenizer.ggml.unknown_token_id": proto.trainer_spec.unk_id,
+        "tokenizer.ggml.add_bos_token": True,
+    }
+    path = tmp_path / "gemma.gguf"
+    write_gguf(path, model.config.to_dict(), state_dict(model), fields, "F32")
+    reference = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
+    ours = CausalLM.from_preset(str(path)).tokenizer
+    texts = [*tokenizer_files.TEXTS, "  two leading spaces", "Hello world"]
+    expected = [reference.encode(text) for text in texts]
+    assert [[ours.start_token_id, *np.asarray(ours(text)).tolist()] for text in texts] == expected
+    assert GGUFCheckpoint(path).tokenizer().special_tokens_map == ours.special_tokens_map
