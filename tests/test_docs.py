@@ -37,6 +37,7 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 
 DOCTEST_MODULES = [
     "kzoo",
+    "kzoo._compat",
     "kzoo.config",
     "kzoo.data",
     "kzoo.data.builders",

@@ -16,8 +16,8 @@ import inspect
 import io
 
 import tensorflow_datasets as tfds
-from tensorflow_datasets.core.utils import tqdm_utils
 
+from kzoo import _compat
 from kzoo.data import corpora
 
 
@@ -98,7 +98,7 @@ class CorpusBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
             print(f"Preparing {self.name} from its corpus files into {self.data_dir} (on first use only)")
         # In place of tensorflow-datasets' lines, which announce a download of unknown size, and of
         # its progress bars (the caller's setting is restored after).
-        bars = getattr(tqdm_utils, "_active", True)  # tfds has no getter
+        bars = _compat.progress_bar_enabled()
         tfds.display_progress_bar(False)
         try:
             with contextlib.redirect_stdout(io.StringIO()):

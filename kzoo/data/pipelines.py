@@ -19,6 +19,7 @@ import keras_hub
 import tensorflow as tf
 import tensorflow_text as tf_text
 
+from kzoo import _compat
 from kzoo.data.tokenizers import BOS_ID
 from kzoo.data.tokenizers import CLS_ID
 from kzoo.data.tokenizers import EOS_ID
@@ -644,13 +645,13 @@ def _shuffle_rows_statelessly(masker, token_ids):
         noise = tf.random.stateless_uniform(tf.shape(positions), seed=row_keys[row])
         return tf.gather(positions, tf.argsort(noise))
 
-    masker._maybe_initialize_tf()  # keras-hub builds its selector and value chooser here, once
-    masker._random_selector = tf_text.RandomItemSelector(
+    selector = tf_text.RandomItemSelector(
         max_selections_per_batch=masker.mask_selection_length,
         selection_rate=masker.mask_selection_rate,
         unselectable_ids=masker.unselectable_token_ids,
         shuffle_fn=shuffle,
     )
+    _compat.replace_masker_selector(masker, selector)
 
 
 def _bert_inputs(token_ids):

@@ -62,6 +62,7 @@ from tokenizers import models
 from tokenizers import normalizers
 from tokenizers import pre_tokenizers
 
+from kzoo import _compat
 from kzoo.data.characters import CharacterTokenizer
 from kzoo.models import chat_template
 from kzoo.models.hf_tokenizer import BertTokenizer
@@ -194,7 +195,7 @@ def _word_pieces(tokenizer):
                 pre_tokenizers.Split(tokenizers.Regex(kept), behavior="isolated"),
             ]
         )
-        special_tokens = tokenizer._special_tokens_for_splitting() or []
+        special_tokens = _compat.word_piece_special_tokens(tokenizer) or []
     # Matched in the raw text before anything else, as Keras matches them.
     result.add_special_tokens(
         [tokenizers.AddedToken(token, special=True, normalized=False) for token in special_tokens]

@@ -9,6 +9,7 @@ import tensorflow as tf
 from ai_edge_litert import schema_py_generated as schema
 from ai_edge_litert.tools import flatbuffer_utils
 
+from kzoo import _compat
 from kzoo import logs
 from kzoo.export.serving_signatures import INFO_NAME
 
@@ -55,13 +56,13 @@ def convert(signatures, tflite_format, representative_dataset=None, generation=T
     if signatures.tied_embeddings:
         # The converter folds a norm's scale into the next layer's weights; folded into a tied
         # token table, it makes the output projection a second table beside the lookup's.
-        converter._experimental_disable_fuse_mul_and_fc = True
+        _compat.disable_fuse_mul_and_fc(converter)
     if tflite_format != "tflite_fp32":
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
         if signatures.tied_embeddings:
             # One int8 copy of a tied token table: per-channel scales would give
             # the output projection its own copy beside the lookup's.
-            converter._experimental_disable_per_channel = True
+            _compat.disable_per_channel_quantization(converter)
     if tflite_format == "tflite_fp16":
         converter.target_spec.supported_types = [tf.float16]
     elif tflite_format == "tflite_int8":

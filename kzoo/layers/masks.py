@@ -2,8 +2,8 @@
 
 from keras import ops
 
-# Keras keeps implicit masks through a private accessor (as keras-hub does); re-exported.
-from keras.src.backend import get_keras_mask as keras_mask  # noqa: F401
+# Kept importable from here (its home before `kzoo._compat`).
+from kzoo._compat import keras_mask  # noqa: F401
 
 
 def causal_mask(query_length, key_length, offset=0, window=None):

@@ -5,11 +5,11 @@ import keras
 import numpy as np
 from keras import ops
 
+from kzoo._compat import keras_mask
 from kzoo.layers._prototypes import copy_layer
 from kzoo.layers._prototypes import deserialize_patterns
 from kzoo.layers._prototypes import unbuilt_config
 from kzoo.layers.masks import causal_mask
-from kzoo.layers.masks import keras_mask
 from kzoo.layers.masks import merge_masks
 from kzoo.layers.rotary_embedding import RotaryEmbedding
 from kzoo.layers.scaled_dot_product_attention import scaled_dot_product_attention

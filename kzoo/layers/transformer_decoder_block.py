@@ -1,7 +1,7 @@
 import keras
 
+from kzoo._compat import keras_mask
 from kzoo.layers._block import TransformerBlockBase
-from kzoo.layers.masks import keras_mask
 from kzoo.layers.masks import merge_masks
 
 

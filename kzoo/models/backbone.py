@@ -4,6 +4,7 @@ import math
 
 import keras
 
+from kzoo import _compat
 from kzoo.models import hf_checkpoint
 from kzoo.models import presets
 from kzoo.validation import check_positive_int
@@ -113,7 +114,7 @@ class Backbone(keras.Model):
                 f"update A B is no richer); received rank={rank}."
             )
         adapted = self._lora_layers(target_layer_names)
-        layers = self._flatten_layers(include_self=False)
+        layers = _compat.sublayers(self)
         self.trainable = True
         for layer in layers:
             layer.trainable = False
@@ -143,7 +144,7 @@ class Backbone(keras.Model):
 
     def _lora_layers(self, target_layer_names):
         names = ("query", "value") if target_layer_names is None else tuple(target_layer_names)
-        layers = self._flatten_layers(include_self=False)
+        layers = _compat.sublayers(self)
         adapted = [layer for layer in layers if layer.name in names and hasattr(layer, "enable_lora")]
         if not adapted:
             raise ValueError(f"No layer of this backbone is named one of `target_layer_names` {list(names)}.")
@@ -179,16 +180,15 @@ def _lora_dimensions(layer):
     A the kernel's shape but its last axis, and B its last axis."""
     shape = tuple(layer.kernel.shape)
     if layer.quantization_mode == "int4":  # the kernel is packed; the layer keeps its own shape
-        shape = tuple(getattr(layer, "original_kernel_shape", None) or (layer._orig_input_dim, *shape[1:]))
+        packed = getattr(layer, "original_kernel_shape", None)
+        shape = tuple(packed or (_compat.int4_kernel_input_dim(layer), *shape[1:]))
     return math.prod(shape[:-1]), shape[-1]
 
 
 def add_quantization_config(config, model):
     """`config` plus {"quantized_layers": {path: mode}} when `model` has quantized layers."""
     quantized = {
-        layer.path: layer.quantization_mode
-        for layer in model._flatten_layers(include_self=False)
-        if layer.quantization_mode is not None
+        layer.path: layer.quantization_mode for layer in _compat.sublayers(model) if layer.quantization_mode is not None
     }
     return {**config, "quantized_layers": quantized} if quantized else config
 
@@ -202,7 +202,7 @@ def from_constructor_config(cls, config):
     model = cls(**config)
     if quantized:
         with frozen_heap():
-            for layer in model._flatten_layers(include_self=False):
+            for layer in _compat.sublayers(model):
                 if layer.path in quantized and layer.quantization_mode is None:
                     layer.quantize(quantized[layer.path])
     return model

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kzoo import _compat
 from kzoo import files
 
 CONFIG_FILE = "config.json"
@@ -590,17 +591,11 @@ def _check_size(backbone_cls, backbone_kwargs, reader, source, path):
     their shapes exist, their memory does not.
     """
     import keras
-    from keras.src.backend.common import global_state
 
-    registry = "uninitialized_variables"
-    before = list(global_state.get_global_attribute(registry, [], set_to_default=True))
-    try:
-        with keras.StatelessScope(initialize_variables=False):
-            probe = backbone_cls(**backbone_kwargs)
-            needed = sum(math.prod(variable.shape) for variable in probe.weights)
-    finally:
-        # Keras would initialize the probe's variables at the next scope's exit: forget them.
-        global_state.set_global_attribute(registry, before)
+    # Keras would initialize the probe's variables at the next scope's exit: forget them.
+    with _compat.forgotten_uninitialized_variables(), keras.StatelessScope(initialize_variables=False):
+        probe = backbone_cls(**backbone_kwargs)
+        needed = sum(math.prod(variable.shape) for variable in probe.weights)
     held = reader.values()
     if needed > held + max(_SIZE_SLACK * held, _MIN_SIZE_SLACK):
         raise CheckpointError(

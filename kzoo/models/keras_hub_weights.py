@@ -5,6 +5,8 @@ conversion is a list of `(kzoo layer, keras-hub layer)` pairs whose weights
 are copied in order. Each backbone's `from_keras_hub` lists its pairs.
 """
 
+from kzoo import _compat
+
 
 def keras_hub_config(hub_backbone, keys):
     """The values of `keys` in a keras-hub backbone's config, checked to exist."""
@@ -21,16 +23,16 @@ def keras_hub_config(hub_backbone, keys):
 def transformer_block_pairs(block, hub_layer):
     """Pairs a kzoo transformer block with a keras-hub TransformerEncoder/Decoder
     (self-attention and feed-forward; both use the same attribute names)."""
-    attention, hub_attention = block.self_attention, hub_layer._self_attention_layer
+    attention, hub = block.self_attention, _compat.transformer_sublayers(hub_layer)
     return [
-        (attention.query_dense, hub_attention._query_dense),
-        (attention.key_dense, hub_attention._key_dense),
-        (attention.value_dense, hub_attention._value_dense),
-        (attention.output_dense, hub_attention._output_dense),
-        (block.self_attention_norm, hub_layer._self_attention_layer_norm),
-        (block.feed_forward.intermediate_dense, hub_layer._feedforward_intermediate_dense),
-        (block.feed_forward.output_dense, hub_layer._feedforward_output_dense),
-        (block.feed_forward_norm, hub_layer._feedforward_layer_norm),
+        (attention.query_dense, hub["query"]),
+        (attention.key_dense, hub["key"]),
+        (attention.value_dense, hub["value"]),
+        (attention.output_dense, hub["output"]),
+        (block.self_attention_norm, hub["attention_norm"]),
+        (block.feed_forward.intermediate_dense, hub["intermediate"]),
+        (block.feed_forward.output_dense, hub["feed_forward_output"]),
+        (block.feed_forward_norm, hub["feed_forward_norm"]),
     ]
 
 

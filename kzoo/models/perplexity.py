@@ -1,7 +1,7 @@
 import keras
 from keras import ops
 
-from kzoo.layers.masks import keras_mask
+from kzoo._compat import keras_mask
 from kzoo.models.cross_entropy import token_cross_entropy
 
 

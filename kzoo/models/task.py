@@ -4,6 +4,7 @@ import warnings
 import keras
 import numpy as np
 
+from kzoo._compat import MultiWorkerTrainerMixin
 from kzoo.models import hf_checkpoint
 from kzoo.models import presets
 from kzoo.models.backbone import add_quantization_config
@@ -11,7 +12,6 @@ from kzoo.models.backbone import from_constructor_config
 from kzoo.models.backbone import frozen_heap
 from kzoo.models.cross_entropy import TokenCrossEntropy
 from kzoo.models.generation import check_token_ids
-from kzoo.models.multi_worker_trainer_mixin import MultiWorkerTrainerMixin
 
 
 def warmup_then_decay(learning_rate, warmup_steps=0, decay_steps=None):

@@ -26,6 +26,7 @@ arguments, so the layers of a model with equal shapes compile each chain once.
 import keras
 from keras import ops
 
+from kzoo import _compat
 from kzoo import config
 
 # (forward, vjp, static arguments, which arguments are given) -> (forward, backward) tf.functions.
@@ -49,11 +50,7 @@ def execution_mode():
 
     if tf.executing_eagerly():
         return "eager"
-    # TensorFlow has no public way to ask; its own XLA code asks this.
-    from tensorflow.python.ops import control_flow_util
-
-    in_xla = control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
-    return "xla" if in_xla else "graph"
+    return "xla" if _compat.in_xla_context() else "graph"
 
 
 def fuses(training):

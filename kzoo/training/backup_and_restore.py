@@ -7,6 +7,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from kzoo import _compat
 from kzoo import files
 
 _STREAM_NEEDED = (
@@ -148,7 +149,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._resume_batches = state["batch"] + 1
         self._batches_to_drop = self._resume_epoch * (steps_per_epoch or 0) + self._resume_batches
         self._resume_metrics = state.get("metrics")
-        self.model._initial_epoch = self._resume_epoch  # As Keras' BackupAndRestore: fit starts there.
+        _compat.set_initial_epoch(self.model, self._resume_epoch)  # As Keras' BackupAndRestore.
         if self._batches_to_drop:
             self._train_function = self.model.train_function
             self.model.train_function = self._resume
@@ -307,7 +308,7 @@ def _lora_variables(model):
     `.keras` file for inference needs). A run resumed from that would go on from a layer whose A
     and B get no gradient: the backup keeps the three as they are.
     """
-    layers = model._flatten_layers(include_self=False)
+    layers = _compat.sublayers(model)
     return {
         variable.path: variable
         for layer in layers

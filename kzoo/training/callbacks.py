@@ -7,8 +7,8 @@ import tempfile
 
 import keras
 import tensorflow as tf
-from keras.src.utils import io_utils
 
+from kzoo import _compat
 from kzoo import files
 from kzoo.training.backup_and_restore import BackupAndRestore
 from kzoo.training.backup_and_restore import is_chief
@@ -90,7 +90,7 @@ def callbacks(
     return result
 
 
-class AtomicModelCheckpoint(keras.callbacks.ModelCheckpoint):
+class AtomicModelCheckpoint(_compat.ModelCheckpoint):
     """Keras' `ModelCheckpoint`, each file written beside its destination and renamed into place.
 
     Keras writes a checkpoint in place: a run killed, or whose disk fills, while saving leaves
@@ -104,20 +104,15 @@ class AtomicModelCheckpoint(keras.callbacks.ModelCheckpoint):
         **kwargs: Keras' `ModelCheckpoint` arguments.
     """
 
-    def _save_model(self, epoch, batch, logs):
-        filepath = self._get_file_path(epoch, batch, logs)
-        if "://" in filepath:
-            return super()._save_model(epoch, batch, logs)
-        if not self._should_save_model(epoch, batch, logs, filepath):
-            return None
+    def writes(self, filepath):
+        return "://" not in filepath
+
+    def write(self, filepath):
         with files.atomic_file(filepath, mode=None) as staging:
             if self.save_weights_only:
                 self.model.save_weights(staging, overwrite=True)
             else:
                 self.model.save(staging, overwrite=True)
-        if self.verbose > 0:
-            io_utils.print_msg(f"\nEpoch {epoch + 1}: finished saving model to {filepath}")
-        return None
 
 
 class ResumedCSVLogger(keras.callbacks.CSVLogger):
