@@ -16,7 +16,7 @@ alternate between the libraries after one warm-up call (compilation):
 - `lora_step`: one LoRA (rank 8 on the query and value projections) training step on a batch of
   8 x 128 tokens, kzoo against keras-hub's `enable_lora(8)` on the same model, in ms; and
   `reply_lora_step`, the same batch with the loss on each row's last 16 tokens alone, as a chat
-  fine-tune counts a reply (kzoo: `recipes/chat_finetune.py`'s `ReplyLogits`, the LM head at
+  fine-tune counts a reply (kzoo: `kzoo.models.ReplyLogits`, as `recipes/chat_finetune.py` trains, the LM head at
   those positions; keras-hub: the positions as sample weights).
 - `load`: reading the GGUF file into a model, kzoo against transformers' `from_pretrained(gguf_file=...)`.
 
@@ -198,7 +198,7 @@ def lora_steps(folder, epsilon, count, reply=None):
 
     With `reply`, the loss counts the last `reply` positions of each row alone, as a chat
     fine-tune's does (the reply's tokens): kzoo trains as `recipes/chat_finetune.py` does,
-    through its `ReplyLogits` (the LM head at those positions alone), and keras-hub gets the
+    through `kzoo.models.ReplyLogits` (the LM head at those positions alone), and keras-hub gets the
     same positions as sample weights (its head runs everywhere).
     """
     rng = np.random.default_rng(1)
@@ -213,7 +213,7 @@ def lora_steps(folder, epsilon, count, reply=None):
         weights = np.zeros((LORA_BATCH, LORA_LENGTH), "float32")
         weights[:, -reply:] = 1.0
         batches = {"kzoo": ({**x, "positions": positions}, y[:, -reply:], None), "keras_hub": (x, y, weights)}
-    models = {"kzoo": reply_logits(ours) if reply else ours, "keras_hub": hub}
+    models = {"kzoo": kzoo.models.ReplyLogits(ours) if reply else ours, "keras_hub": hub}
     for model, owner in ((models["kzoo"], ours), (hub, hub)):
         owner.backbone.enable_lora(8)
         loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -222,16 +222,6 @@ def lora_steps(folder, epsilon, count, reply=None):
     for call in calls.values():
         call()  # tracing
     return rounds(calls, count)
-
-
-def reply_logits(lm):
-    """`recipes/chat_finetune.py`'s training model on `lm`."""
-    import sys
-
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recipes"))
-    from chat_finetune import ReplyLogits
-
-    return ReplyLogits(lm)
 
 
 if __name__ == "__main__":

@@ -20,14 +20,14 @@ and leaves in `--output-dir` (default `runs/<recipe>`):
 - `history.csv` (one row per epoch, kept across resumes) and `training_curves.png`.
 - `metrics.json`: the final metrics, the settings, the steps trained and the wall time. Once
   it is written, a rerun with other settings is refused too, and one with the same settings
-  prints its metrics and trains nothing; `--overwrite` starts afresh (see `check_earlier_run`).
+  prints its metrics and trains nothing; `--overwrite` starts afresh (see `kzoo.training.Run`).
 - `.lock`: one run at a time writes into the folder; a second one exits naming the first.
 
 Every file is written whole or not at all (`kzoo.files.atomic_file`): a full disk stops the run
 with "No space left on device: nothing was written to <file>." and no torn file; run the same
 command again once there is room. A run file that is torn all the same (empty, cut short) is
 treated as missing, with a message. Flags are checked before anything is written: the folder
-is created and locked when the run is ready to write into it (`Run.claim_output_dir`), so a
+is created and locked when the run is ready to write into it (`Run.claim`), so a
 run refused for its flags, or stopped while loading its data and model, leaves nothing behind.
 
 Quiet by default: the output is the recipe's own (progress, metrics, samples), not TensorFlow's
@@ -41,20 +41,13 @@ Every recipe trains on one repeated, seeded stream with `steps_per_epoch`, which
 
 import argparse
 import contextlib
-import csv
 import errno
-import fcntl
 import functools
 import importlib.resources
-import json
 import math
 import os
 import re
-import shutil
-import socket
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -78,17 +71,19 @@ import kzoo  # noqa: E402
 import kzoo.data  # noqa: E402
 import kzoo.files  # noqa: E402
 import kzoo.training  # noqa: E402
+import kzoo.training.run  # noqa: E402
 from kzoo.models import hf_tokenizer  # noqa: E402
 from kzoo.models import text_inputs  # noqa: E402
 
-METRICS_FILE = "metrics.json"
+# The run files: see `kzoo.training.run`.
+METRICS_FILE = kzoo.training.METRICS_FILE
 HISTORY_FILE = kzoo.training.HISTORY_FILE
+MODEL_FILE = kzoo.training.MODEL_FILE
+UNFINISHED_RUN_FILE = kzoo.training.UNFINISHED_RUN_FILE
+LOCK_FILE = kzoo.training.LOCK_FILE
 CURVES_FILE = "training_curves.png"
-MODEL_FILE = "model.keras"
-# The settings of the run whose backups the output folder holds, while it is unfinished.
-UNFINISHED_RUN_FILE = "unfinished_run.json"
-# Held (flock) by the run writing into the output folder; names it.
-LOCK_FILE = ".lock"
+read_record = kzoo.training.read_record
+read_history = kzoo.training.read_history
 # Flags a resumed run may change: where things are, and how the same computation runs.
 RESUMABLE_FLAGS = ("output_dir", "data_dir", "tfds_dir", "strategy", "jit_compile")
 # Flags that say what to do with the output folder and the terminal, not what the run is.
@@ -99,8 +94,6 @@ WARMUP_FRACTION = 0.05
 # The flags of `add_vocabulary_arguments`: their defaults, and under --quick.
 VOCABULARY_DEFAULTS = dict(vocabulary_size=8192, vocabulary_texts=30_000)
 VOCABULARY_QUICK = dict(vocabulary_size=1000, vocabulary_texts=300)
-# Steps between backups: at most this many steps are trained again after a kill.
-_BACKUP_FREQ = 200
 
 
 def parse_args(argv, recipe_file, description, defaults, quick, add_arguments=None, checkpoint_defaults=None):
@@ -440,7 +433,7 @@ def start(args):
 
     It writes nothing: it checks the output folder (a run holding it, or an earlier run of other
     settings, exit here, before anything loads). The run creates, locks and records itself in
-    the folder when it first writes there (`Run.claim_output_dir`).
+    the folder when it first writes there (`Run.claim`).
     """
     tfds.disable_progress_bar()
     try:
@@ -451,58 +444,12 @@ def start(args):
     except ValueError as error:
         args.parser.error(str(error))
     keras.utils.set_random_seed(args.seed)
-    run = Run(args, config, Path(args.output_dir))
-    if run.is_chief:
-        check_lock(args, run.output_dir)
-        check_earlier_run(args, run.output_dir)
+    run = Run(args, config)
+    with refused_folder(args):
+        finished = run.check()
+    if finished is not None:
+        _nothing_to_train(args, run.output_dir, finished)
     return run
-
-
-def check_lock(args, output_dir):
-    """Exits naming the run that holds the output folder, if one does; creates nothing."""
-    try:
-        file = open(output_dir / LOCK_FILE)  # noqa: SIM115 (closed below)
-    except OSError:
-        return  # no lock file: no run holds the folder
-    with file:
-        try:  # a shared lock, released at once: it only tests for a holder
-            fcntl.flock(file, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            _refuse_held_folder(args, output_dir, file)
-
-
-def _refuse_held_folder(args, output_dir, file):
-    file.seek(0)
-    holder = file.read().strip() or "another process"
-    file.close()
-    args.parser.error(
-        f"--output-dir {output_dir} is in use by another run: {holder}. "
-        "Wait for it to end, or pass another --output-dir."
-    )
-
-
-def lock_output_dir(args, output_dir):
-    """Takes the output folder for this process, or exits naming the process that has it.
-
-    The lock is an `flock` on `output_dir/.lock`, which the system releases when the process
-    ends, however it ends; the file names the holder.
-
-    Returns:
-        The open lock file: the lock lasts while it is open.
-    """
-    file = open(output_dir / LOCK_FILE, "a+")  # noqa: SIM115 (the lock lasts while the file is open)
-    for attempt in range(10):
-        try:
-            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
-        except BlockingIOError:
-            if attempt == 9:
-                _refuse_held_folder(args, output_dir, file)
-            time.sleep(0.02)  # another run's `check_lock` holds it for an instant
-    file.truncate(0)
-    file.write(f"pid {os.getpid()} on {socket.gethostname()}, running {' '.join(sys.argv)}\n")
-    file.flush()
-    return file
 
 
 def run_settings(args):
@@ -515,89 +462,56 @@ def run_settings(args):
 
 
 def check_earlier_run(args, output_dir):
-    """Checks the output folder against the run it may hold; reads only (see `record_run`).
-
-    - The backup of an unfinished run (`UNFINISHED_RUN_FILE` records its settings): the same
-      settings resume it; other settings exit, naming them.
-    - A finished run (its `METRICS_FILE`): other settings exit, naming them, as its files would
-      be replaced; the same settings exit with status 0, printing its metrics (there is nothing
-      to train).
-    - `--overwrite`: a run starts afresh whatever the folder holds (`record_run` deletes its
-      backups and `METRICS_FILE`, and `Run.fit` starts fresh checkpoints and logs).
-
-    A torn record (empty, cut short) counts as missing (`read_record`).
-    """
-    if args.overwrite:
-        return
-    settings = run_settings(args)
-    backups = _backups(output_dir)
-    earlier = read_record(output_dir / UNFINISHED_RUN_FILE) if backups else None
-    if earlier is not None:
-        changed = changed_settings(earlier, settings)
-        if changed:
-            args.parser.error(
-                f"--output-dir {output_dir} holds the backup of an unfinished run of other settings, so it "
-                f"belongs to another model or training: {', '.join(changed)}. Rerun that run's command to "
-                f"resume it, or delete {' and '.join(backups)} (or pass another --output-dir, or --overwrite) "
-                "to start afresh."
-            )
-        return
-    record = read_record(output_dir / METRICS_FILE, ("metrics", "wall_time_s"))
-    if record is not None:
-        changed = changed_settings(record.get("settings", {}), settings)
-        if changed:
-            args.parser.error(
-                f"--output-dir {output_dir} holds a finished run of other settings, whose files this run would "
-                f"replace: {', '.join(changed)}. Pass another --output-dir, or --overwrite to replace it."
-            )
-        print_metrics(args.recipe, output_dir, record)
-        print(
-            f"\n{output_dir} holds a finished run of these settings: nothing to train. Pass --overwrite to train again."
-        )
-        raise SystemExit(0)
-
-
-def record_run(args, output_dir):
-    """Makes the output folder this run's: under `--overwrite` the earlier run's backups and
-    `METRICS_FILE` go (until it finishes, the folder holds no finished run); then this run's
-    settings are in `UNFINISHED_RUN_FILE` while it is unfinished."""
-    if args.overwrite:
-        for backup in _backups(output_dir):
-            shutil.rmtree(backup)
-        (output_dir / METRICS_FILE).unlink(missing_ok=True)
-    kzoo.files.write_json(output_dir / UNFINISHED_RUN_FILE, run_settings(args))
-
-
-def _backups(output_dir):
-    return sorted(str(backup) for backup in output_dir.glob("**/backup") if backup.is_dir())
-
-
-def read_record(path, keys=()):
-    """The JSON object of a run's file (`metrics.json`, `unfinished_run.json`, ...), or None.
-
-    None when the file is missing, and when it is torn (empty, cut short, not a JSON object, or
-    without one of `keys`), as a disk that filled up or an older kzoo could leave it: a message
-    names it, and the run goes on as without it.
-    """
-    try:
-        record = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None
-    except ValueError:  # JSONDecodeError, UnicodeDecodeError
-        record = None
-    if not isinstance(record, dict) or any(key not in record for key in keys):
-        print(f"{path} is torn (empty, cut short or not the record it should be): treated as missing.")
-        return None
-    return record
+    """`kzoo.training.run.check_earlier_run` with the run's flags: a run of other settings exits
+    naming them; a finished run of these settings exits with status 0, printing its metrics."""
+    with refused_folder(args):
+        finished = kzoo.training.run.check_earlier_run(output_dir, run_settings(args), RESUMABLE_FLAGS, args.overwrite)
+    if finished is not None:
+        _nothing_to_train(args, output_dir, finished)
 
 
 def changed_settings(earlier, settings):
     """The flags of `settings` that differ from the `earlier` run's, as "--flag earlier (now value)"."""
-    return [
-        f"--{key.replace('_', '-')} {earlier.get(key)} (now {value})"
-        for key, value in settings.items()
-        if key not in RESUMABLE_FLAGS and earlier.get(key) != value
-    ]
+    changes = kzoo.training.run.changed_settings(earlier, settings, RESUMABLE_FLAGS)
+    return [_flags({key: change}) for key, change in changes.items()]
+
+
+def _flags(changes):
+    return kzoo.training.run.describe_changes(changes, name=lambda key: f"--{key.replace('_', '-')}")
+
+
+@contextlib.contextmanager
+def refused_folder(args):
+    """Turns the refusals of `--output-dir` (`kzoo.training.RunFolderError`) into usage errors
+    naming the flags: a folder in use, an earlier run of other settings; and a finished run of
+    these settings into an exit with status 0, printing its metrics."""
+    try:
+        yield
+    except kzoo.training.RunFolderInUse as error:
+        args.parser.error(
+            f"--output-dir {error.output_dir} is in use by another run: {error.holder}. "
+            "Wait for it to end, or pass another --output-dir."
+        )
+    except kzoo.training.ChangedRunError as error:
+        if error.backups:
+            args.parser.error(
+                f"--output-dir {error.output_dir} holds the backup of an unfinished run of other settings, so it "
+                f"belongs to another model or training: {_flags(error.changes)}. Rerun that run's command to "
+                f"resume it, or delete {' and '.join(error.backups)} (or pass another --output-dir, or --overwrite) "
+                "to start afresh."
+            )
+        args.parser.error(
+            f"--output-dir {error.output_dir} holds a finished run of other settings, whose files this run would "
+            f"replace: {_flags(error.changes)}. Pass another --output-dir, or --overwrite to replace it."
+        )
+    except kzoo.training.RunFinished as error:
+        _nothing_to_train(args, error.output_dir, error.record)
+
+
+def _nothing_to_train(args, output_dir, record):
+    print_metrics(args.recipe, output_dir, record)
+    print(f"\n{output_dir} holds a finished run of these settings: nothing to train. Pass --overwrite to train again.")
+    raise SystemExit(0)
 
 
 def with_known_length(dataset):
@@ -694,24 +608,26 @@ def stop_on_write_error(args):
         raise SystemExit(f"{args.recipe}: {reason} {rerun}: an unfinished run resumes from its last backup.") from None
 
 
-class Run:
-    """One run of a recipe: its settings, `fit` with the recipe callbacks, and the files it writes.
+class Run(kzoo.training.Run):
+    """A recipe's `kzoo.training.Run`: its settings are its flags (`run_settings`), and what goes
+    wrong ends it with a message naming the flag (a folder in use or of other settings, a
+    diverged loss, a bad token id, a full disk).
 
     Args:
         args: the parsed flags.
         config: the `kzoo.training.TrainingConfig` from `configure`.
-        output_dir: `Path`, the run's folder.
     """
 
-    def __init__(self, args, config, output_dir):
+    def __init__(self, args, config):
+        super().__init__(
+            args.output_dir,
+            run_settings(args),
+            strategy=config.strategy,
+            resumable=RESUMABLE_FLAGS,
+            overwrite=args.overwrite,
+        )
         self.args = args
         self.config = config
-        self.output_dir = output_dir
-        self.is_chief = kzoo.training.is_chief(config.strategy)
-        self.start_time = time.monotonic()
-        self.lock = None
-        self._claimed = False
-        self._fitted_folders = []
 
     @property
     def jit_compile(self):
@@ -721,34 +637,10 @@ class Run:
         """Build and compile models in here."""
         return self.config.strategy.scope()
 
-    def claim_output_dir(self):
-        """Creates and locks the output folder and records this run there (`record_run`), once;
-        the run's writes (`fit`, `save`, `finish`, and `path` or `folder` for a recipe's own
-        files) call it. A run refused before then has written nothing."""
-        if self._claimed or not self.is_chief:
-            return
-        with self.writing():
-            try:
-                self.output_dir.mkdir(parents=True, exist_ok=True)
-                self.lock = lock_output_dir(self.args, self.output_dir)
-            except OSError as error:
-                raise kzoo.files.FolderError(
-                    f"Cannot write into --output-dir {self.output_dir}: {error.strerror}."
-                ) from error
-            check_earlier_run(self.args, self.output_dir)  # again, now under the lock
-            record_run(self.args, self.output_dir)
-        self._claimed = True
-
-    def path(self, name):
-        """The path of the file `name` in the output folder, which the run claims first."""
-        self.claim_output_dir()
-        return self.output_dir / name
-
-    def folder(self, name=None):
-        """The output folder, or its subfolder `name` (for one of several models); the run
-        claims the folder first."""
-        self.claim_output_dir()
-        return self.output_dir if name is None else self.output_dir / name
+    def claim(self):
+        """`kzoo.training.Run.claim`, its refusals ending the run with a message naming the flags."""
+        with self.writing(), refused_folder(self.args):
+            super().claim()
 
     @contextlib.contextmanager
     def writing(self):
@@ -758,74 +650,40 @@ class Run:
             with stop_on_write_error(self.args):
                 yield
         except SystemExit:
-            self._unlock()
+            self.release()
             raise
 
     def write_json(self, name, value):
-        """Writes `value` to the JSON file `name` of the output folder, whole or not at all."""
-        if self.is_chief:
-            with self.writing():
-                kzoo.files.write_json(self.path(name), value)
+        with self.writing():
+            super().write_json(name, value)
 
     def fit(self, model, stream, steps_per_epoch, validation_data=None, name=None):
-        """`model.fit` over the repeated `stream` for `--epochs`, with backups, checkpoints and logs.
-
-        Args:
-            model: a compiled model.
-            stream: a `tf.data.Dataset` of training batches that never ends (`.repeat()`) and
-                yields the same batches on every run (seeded).
-            steps_per_epoch: int, see `steps_per_epoch`.
-            validation_data: None or a finite dataset, evaluated after each epoch.
-            name: None, or a subfolder of the output folder for this model's files, for a
-                recipe that trains several.
+        """`kzoo.training.Run.fit` for `--epochs`, with the token ids checked against the model's
+        vocabulary, and a diverged loss or a bad token id ending the run with a message.
 
         Returns:
-            The history of the whole run, resumed epochs included: `{metric: [per epoch]}`
-            (other workers of a multi-worker run: the epochs they ran).
+            The history of the whole run, resumed epochs included: `{metric: [per epoch]}`.
         """
-        folder = self.folder(name)
-        if self.is_chief:
-            folder.mkdir(parents=True, exist_ok=True)
-            self._fitted_folders.append(folder)
-            if not (folder / "backup").is_dir():  # A fresh start: no checkpoint or log of an earlier run stays.
-                for files in ("checkpoints", "logs"):
-                    shutil.rmtree(folder / files, ignore_errors=True)
-        # The backup outlives `fit`: `finish` deletes it once every file of the run is written,
-        # so a run killed after training resumes without training again.
-        run_callbacks = kzoo.training.callbacks(
-            str(folder), self.config.strategy, backup_freq=_BACKUP_FREQ, keep_backup=True
-        )
         if validation_data is not None:
             validation_data = checked_token_ids(with_known_length(validation_data), model)
+        folder = self.folder(name)
         with stop_on_divergence(self.args, folder), stop_on_bad_token_ids(self.args), self.writing():
-            history = model.fit(
-                kzoo.training.shard_by_data(checked_token_ids(stream, model)),
-                epochs=self.args.epochs,
-                steps_per_epoch=steps_per_epoch,
-                validation_data=validation_data,
-                callbacks=run_callbacks,
-                shuffle=False,  # The stream is shuffled already; Keras cannot shuffle a dataset.
-                verbose=1 if self.is_chief else 0,
+            return super().fit(
+                model, checked_token_ids(stream, model), self.args.epochs, steps_per_epoch, validation_data, name
             )
-        return read_history(folder / HISTORY_FILE) if self.is_chief else history.history
 
     def save(self, model, name=None):
         """Saves `model.keras` into `folder(name)`; a task built with its tokenizer keeps it
         in that file (`kzoo.models.Task`), so the file alone serves text.
 
-        Every worker saves, as saving may read variables through collectives, but only the
-        chief into the output folder; the others into a temporary folder.
-
         Returns:
             The path of `model.keras`.
         """
-        folder = self.folder(name) if self.is_chief else Path(tempfile.mkdtemp(prefix="kzoo_save_"))
-        with self.writing(), kzoo.files.atomic_file(folder / MODEL_FILE, mode=None) as staging:
-            model.save(staging)
-        return folder / MODEL_FILE
+        with self.writing():
+            return super().save(model, name)
 
     def finish(self, histories, metrics, steps_per_epoch):
-        """Writes `metrics.json` and `training_curves.png` and prints the final metrics.
+        """Writes `training_curves.png` and `metrics.json` and prints the final metrics.
 
         Args:
             histories: `{model name: history from fit}`.
@@ -836,34 +694,19 @@ class Run:
         Returns:
             The record written to `metrics.json`.
         """
-        record = {
-            "recipe": self.args.recipe,
-            "metrics": metrics,
-            "wall_time_s": round(time.monotonic() - self.start_time, 1),
-            # None where a recipe trains by the clock (lm_compare.py: no epochs).
-            "steps_trained": steps_per_epoch * self.args.epochs if steps_per_epoch and self.args.epochs else None,
-            "settings": run_settings(self.args),
-            "history": histories,
-        }
         if self.is_chief:
             with self.writing():
                 plot_histories(histories, steps_per_epoch, self.path(CURVES_FILE), title=self.args.recipe)
-            self.write_json(METRICS_FILE, record)
-            self._remove_backups()
+        with self.writing():
+            record = super().finish(
+                metrics,
+                recipe=self.args.recipe,
+                # None where a recipe trains by the clock (lm_compare.py: no epochs).
+                steps_trained=steps_per_epoch * self.args.epochs if steps_per_epoch and self.args.epochs else None,
+                history=histories,
+            )
         print_metrics(self.args.recipe, self.output_dir, record)
         return record
-
-    def _remove_backups(self):
-        """The run is finished: its backups and the record of its settings go, and so does the lock."""
-        for folder in self._fitted_folders:
-            shutil.rmtree(folder / "backup", ignore_errors=True)
-        (self.output_dir / UNFINISHED_RUN_FILE).unlink(missing_ok=True)
-        self._unlock()
-
-    def _unlock(self):
-        if self.lock is not None:
-            self.lock.close()
-            self.lock = None
 
 
 def print_metrics(recipe, output_dir, record):
@@ -877,18 +720,6 @@ def print_metrics(recipe, output_dir, record):
             print(f"  {name:<{width}}  {value}")
         else:
             print(f"  {name:<{width}}  {value:,}" if isinstance(value, int) else f"  {name:<{width}}  {value:.4f}")
-
-
-def read_history(path):
-    """`history.csv` as `{column: [values]}`, numbers as floats.
-
-    Keras' `CSVLogger` writes the validation columns of a run without validation too, each
-    value "NA": such columns are left out.
-    """
-    with open(path, newline="") as file:
-        rows = list(csv.DictReader(file))
-    columns = [key for key in (rows[0] if rows else {}) if any(row[key] != "NA" for row in rows)]
-    return {key: [float(row[key]) for row in rows] for key in columns}
 
 
 def plot_histories(histories, steps_per_epoch, path, title=""):

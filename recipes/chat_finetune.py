@@ -20,7 +20,8 @@ counts the reply's tokens and the end-of-turn token that closes it, nothing of t
   Corpus BLEU (`keras_hub.metrics.Bleu`, as `seq2seq_translate.py` scores) of greedy replies to
   the first `--evaluation-examples` `test` pairs, zero-shot and after.
 
-Only the reply positions need logits, so the model trains through `ReplyLogits`, which runs the
+Only the reply positions need logits, so the model trains through `kzoo.models.ReplyLogits`
+(with `chat_examples` and `reply_batches` of `kzoo.models.decoder.reply_logits`), which runs the
 backbone over the whole conversation and the LM head (a fifth of the work per token at
 SmolLM2's size) at those positions alone. Batches group conversations of similar length
 (`--bucket-boundaries`). Where the CPU has bfloat16 dot products (AVX512_BF16 or AMX) or there
@@ -38,7 +39,7 @@ The run leaves in `--output-dir` (default `runs/chat_finetune`), beside the file
 - `zero_shot.json`: the zero-shot evaluation, which a resumed run reads instead of repeating.
 
 The epoch checkpoints (`checkpoints/`) hold the `ReplyLogits` training model: load them after
-importing this module. `--quick` fine-tunes a random 2-layer `llama_tiny` given SmolLM2's
+`import kzoo`. `--quick` fine-tunes a random 2-layer `llama_tiny` given SmolLM2's
 tokenizer and chat template (`--tokenizer`), on a few examples, so that a smoke run and the
 tests take seconds instead of minutes: every step is the default run's, on a tiny model.
 """
@@ -49,10 +50,7 @@ import time
 
 import _common
 import _seq2seq
-import keras
 import numpy as np
-import tensorflow as tf
-from keras import ops
 
 import kzoo
 import kzoo.data
@@ -61,6 +59,10 @@ from kzoo.models import chat_template
 from kzoo.models import hf_checkpoint
 from kzoo.models import hf_tokenizer
 from kzoo.models import presets
+from kzoo.models.decoder.reply_logits import ReplyLogits
+from kzoo.models.decoder.reply_logits import chat_examples
+from kzoo.models.decoder.reply_logits import reply_batches
+from kzoo.models.decoder.reply_logits import reply_inputs
 
 SMOLLM2 = "smollm2_135m_instruct"
 TASKS = ("sentiment", "translate")
@@ -194,7 +196,7 @@ def main(argv=None):
         model = ReplyLogits(lm)
         _common.compile_task(model, args, steps_per_epoch, run.jit_compile)
     timings["loading_s"] = time.monotonic() - start
-    run.claim_output_dir()  # every flag is checked: the run takes its folder before its long steps
+    run.claim()  # every flag is checked: the run takes its folder before its long steps
 
     start = time.monotonic()
     zero_shot = read_zero_shot(args, run)
@@ -298,43 +300,6 @@ def checkpoint_tokenizer(name):
     )
 
 
-@keras.saving.register_keras_serializable(package="kzoo_recipes")
-class ReplyLogits(kzoo.models.Task):
-    """A `CausalLM` that gives its next-token logits at the positions asked for alone.
-
-    Inputs: the `CausalLM`'s `{"token_ids", "padding_mask"}` `(B, T)` and `"positions"` `(B, R)`,
-    the positions whose logits to compute. Output: float32 logits `(B, R, V)`, those of
-    `lm(inputs)[b, positions[b, r]]`. The backbone runs over every position (each attends to
-    those before it) and the LM head at the `R` positions alone: training on a reply, or
-    scoring an answer, needs no logits elsewhere. It shares the `lm`'s layers, so training it
-    trains the `lm`.
-
-    Args:
-        lm: a `kzoo.models.CausalLM`.
-        **kwargs: `keras.Model` arguments (`name`).
-    """
-
-    def __init__(self, lm, **kwargs):
-        self.lm = lm
-        self.backbone = lm.backbone
-        inputs = {
-            **lm.backbone.input,
-            "positions": keras.Input(shape=(None,), dtype="int32", name="positions"),
-        }
-        hidden = lm.backbone({name: inputs[name] for name in lm.backbone.input})  # (B, T, d)
-        picked = ops.take_along_axis(hidden, ops.expand_dims(inputs["positions"], -1), axis=1)  # (B, R, d)
-        super().__init__(inputs=inputs, outputs=lm.logits(picked), **kwargs)
-
-    def get_config(self):
-        return {"lm": keras.layers.serialize(self.lm), "name": self.name}
-
-    @classmethod
-    def from_config(cls, config):
-        config = dict(config)
-        config["lm"] = keras.layers.deserialize(config["lm"])
-        return cls(**config)
-
-
 def export_to_transformers(lm, folder):
     """`lm.export_to_transformers(folder)`, all or nothing (`kzoo.files.atomic_folder`): written
     beside, then moved into place, over the folder of a run killed after writing it."""
@@ -385,35 +350,6 @@ def load_task(args):
     )
 
 
-def chat_examples(tokenizer, conversations, replies):
-    """`(prompt_ids, reply_ids)` of each conversation answered with its reply, in the chat template.
-
-    `prompt_ids` is the conversation with the header of the assistant's turn
-    (`add_generation_prompt=True`); `reply_ids` the tokens that follow it in the conversation
-    with the reply, up to and including the end-of-turn token that closes the reply.
-    """
-    end_of_turn = chat_template.end_of_turn_token(tokenizer)
-    if end_of_turn is None:
-        raise ValueError("The tokenizer's chat template closes a reply with no token of its own.")
-    end_id = tokenizer.token_to_id(end_of_turn)
-    answered = [[*messages, {"role": "assistant", "content": reply}] for messages, reply in zip(conversations, replies)]
-    # Rendered one by one, tokenized in one call (the tokenizer's batch encoding is the cost).
-    prompts = tokenizer.tokenize(
-        [tokenizer.apply_chat_template(messages, add_generation_prompt=True) for messages in conversations]
-    )
-    wholes = tokenizer.tokenize([tokenizer.apply_chat_template(messages) for messages in answered])
-    examples = []
-    for prompt, whole, messages in zip(prompts, wholes, answered):
-        if whole[: len(prompt)] != prompt or end_id not in whole[len(prompt) :]:
-            raise ValueError(
-                "The chat template does not write a conversation as its prompt followed by the reply and "
-                f"{end_of_turn}: {tokenizer.apply_chat_template(messages)!r}"
-            )
-        rest = whole[len(prompt) :]
-        examples.append((prompt, rest[: rest.index(end_id) + 1]))
-    return examples
-
-
 def check_lengths(args, lm, sequences):
     longest = max(len(sequence) for sequence in sequences)
     if longest > lm.backbone.max_sequence_length:
@@ -421,78 +357,6 @@ def check_lengths(args, lm, sequences):
             f"--checkpoint {args.checkpoint} reads {lm.backbone.max_sequence_length} tokens, and a training "
             f"conversation of {args.dataset} has {longest}."
         )
-
-
-def reply_batches(examples, batch_size, bucket_boundaries=None, shuffle=False, seed=None):
-    """Training batches of `(prompt_ids, reply_ids)` examples for `ReplyLogits`: the loss counts the reply alone.
-
-    Each example is one sequence, prompt then reply. The model reads it without its last token
-    and predicts, at each position t, the token at t + 1. The reply's tokens are the targets of
-    the positions from the prompt's last token on: `positions` are `len(prompt) - 1, ...,
-    len(prompt) + len(reply) - 2`, the targets are `reply_ids` and their sample weights 1.
-    Nothing of the prompt is a target, and padding has weight 0.
-
-    Args:
-        examples: a list of `(prompt_ids, reply_ids)` lists (`chat_examples`).
-        batch_size: int.
-        bucket_boundaries: None (batches in order), or increasing lengths: batches group
-            sequences of lengths in `[boundaries[i-1], boundaries[i])`.
-        shuffle: bool, shuffle the examples (with `seed`), reshuffled on each pass.
-        seed: int or None.
-
-    Returns:
-        A `tf.data.Dataset` of `({"token_ids", "padding_mask", "positions"}, targets,
-        sample_weight)`: int32 `(B, T)` twice (padded with 0 to the batch's longest sequence),
-        int32 `(B, R)`, int32 `(B, R)` and float32 `(B, R)` (padded to its longest reply).
-
-    Example:
-    >>> x, y, w = next(iter(reply_batches([([5, 6, 7], [8, 2])], 1)))
-    >>> x["token_ids"].numpy().tolist(), x["positions"].numpy().tolist(), y.numpy().tolist()
-    ([[5, 6, 7, 8]], [[2, 3]], [[8, 2]])
-    """
-    sequences = [prompt + reply for prompt, reply in examples]
-
-    def ragged(rows):
-        return tf.RaggedTensor.from_row_lengths(
-            np.concatenate([np.asarray(row, "int32") for row in rows]), [len(row) for row in rows]
-        )
-
-    dataset = tf.data.Dataset.from_tensor_slices(
-        (
-            ragged([sequence[:-1] for sequence in sequences]),
-            ragged([np.arange(len(prompt) - 1, len(prompt) + len(reply) - 1) for prompt, reply in examples]),
-            ragged([reply for _, reply in examples]),
-        )
-    )
-
-    def element(token_ids, positions, targets):
-        x = {"token_ids": token_ids, "padding_mask": tf.ones_like(token_ids), "positions": positions}
-        return x, targets, tf.ones_like(targets, tf.float32)
-
-    dataset = dataset.map(element)
-    if shuffle:
-        dataset = dataset.shuffle(len(examples), seed=seed, reshuffle_each_iteration=True)
-    if bucket_boundaries is None:
-        dataset = dataset.padded_batch(batch_size)
-    else:
-        dataset = dataset.bucket_by_sequence_length(
-            element_length_func=lambda x, targets, weights: tf.size(x["token_ids"]),
-            bucket_boundaries=list(bucket_boundaries),
-            bucket_batch_sizes=[batch_size] * (len(bucket_boundaries) + 1),
-        )
-    return dataset.prefetch(tf.data.AUTOTUNE)
-
-
-def packed(sequences, positions):
-    """The `ReplyLogits` inputs of `sequences` (token-id lists) and the `positions` to read, right-padded."""
-    token_ids = np.zeros((len(sequences), max(map(len, sequences))), "int32")
-    mask = np.zeros_like(token_ids)
-    picked = np.zeros((len(sequences), max(map(len, positions))), "int32")
-    for row, (sequence, read) in enumerate(zip(sequences, positions)):
-        token_ids[row, : len(sequence)] = sequence
-        mask[row, : len(sequence)] = 1
-        picked[row, : len(read)] = read
-    return {"token_ids": token_ids, "padding_mask": mask, "positions": picked}
 
 
 # --- Evaluation --------------------------------------------------------------------------------
@@ -539,7 +403,7 @@ def answer_log_probabilities(model, prompts, answers, batch_size):
             rows = order[start : start + batch_size]
             sequences = [prompts[row] + list(context) for row in rows]
             positions = [np.arange(len(prompts[row]) - 1, len(sequence)) for row, sequence in zip(rows, sequences)]
-            logits = model.predict_on_batch(packed(sequences, positions))  # (B, len(context) + 1, V)
+            logits = model.predict_on_batch(reply_inputs(sequences, positions))  # (B, len(context) + 1, V)
             log_probabilities = logits - _log_sum_exp(logits)
             for index in indices:
                 answer = answers[index]

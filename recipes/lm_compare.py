@@ -86,7 +86,7 @@ def main(argv=None):
     validation_windows = _common.text_windows(args, "validation", tokenizer, args.sequence_length, args.batch_size)
     validation_windows = validation_windows.take(args.validation_batches)
 
-    run.claim_output_dir()  # every flag is checked: the run takes its folder before it trains
+    run.claim()  # every flag is checked: the run takes its folder before it trains
     table, curves = [], {}
     for name in names:
         # Every model starts from the same seed and sees the same batches: a new stream

@@ -22,6 +22,9 @@ A recipe, unchanged from one CPU to a GPU box, a cluster or a TPU VM (the strate
 - `callbacks(...)`, `BackupAndRestore`: exact resumption after a kill, a stop on a NaN loss;
   only the chief writes files; `AtomicModelCheckpoint`, Keras' with each file written whole.
 - `shard_by_data(dataset)`: each worker keeps its part of every global batch.
+- `Run`: a run that owns its output folder (a lock, resumption, a changed rerun refused with
+  `ChangedRunError` naming the settings, `metrics.json`; every file written whole); see
+  `kzoo.training.run`.
 """
 
 from kzoo.models.multi_worker_trainer_mixin import MultiWorkerTrainerMixin
@@ -31,6 +34,17 @@ from kzoo.training.callbacks import HISTORY_FILE
 from kzoo.training.callbacks import AtomicModelCheckpoint
 from kzoo.training.callbacks import ResumedCSVLogger
 from kzoo.training.callbacks import callbacks
+from kzoo.training.run import LOCK_FILE
+from kzoo.training.run import METRICS_FILE
+from kzoo.training.run import MODEL_FILE
+from kzoo.training.run import UNFINISHED_RUN_FILE
+from kzoo.training.run import ChangedRunError
+from kzoo.training.run import Run
+from kzoo.training.run import RunFinished
+from kzoo.training.run import RunFolderError
+from kzoo.training.run import RunFolderInUse
+from kzoo.training.run import read_history
+from kzoo.training.run import read_record
 from kzoo.training.sharding import shard_by_data
 from kzoo.training.strategy import STRATEGY_NAMES
 from kzoo.training.strategy import get_strategy

@@ -1,6 +1,7 @@
-"""chat_finetune.py: the reply-only loss, answer scoring, and a `--quick` run from its entry point
-(a random `llama_tiny` with SmolLM2's tokenizer and chat template) whose saved model reloads and
-chats, and whose Hugging Face folder gives transformers the same logits."""
+"""chat_finetune.py: answer scoring, and a `--quick` run from its entry point (a random
+`llama_tiny` with SmolLM2's tokenizer and chat template) whose saved model reloads and chats, and
+whose Hugging Face folder gives transformers the same logits. The reply-only loss and batches:
+tests/models/test_reply_logits.py."""
 
 import importlib.util
 import json
@@ -17,7 +18,6 @@ import pytest
 import tensorflow as tf
 
 import kzoo
-from kzoo.models.cross_entropy import TokenCrossEntropy
 from tests.recipes.conftest import check_run_files
 
 REPOSITORY = Path(__file__).parents[2]
@@ -33,42 +33,13 @@ def tiny_lm(vocabulary_size=64):
     return kzoo.models.CausalLM(backbone)
 
 
-def test_reply_batches_weight_the_reply_tokens_alone():
-    """Prompt [5, 6, 7] with reply [8, 2] (2: end of turn): the model reads 5 6 7 8 and the targets
-    are the tokens after positions 2 and 3; nothing of the prompt is a target."""
-    examples = [([5, 6, 7], [8, 2]), ([9, 10, 11, 12, 13], [14, 15, 2])]
-    x, targets, weights = next(iter(chat_finetune.reply_batches(examples, batch_size=2)))
-    assert x["token_ids"].numpy().tolist() == [[5, 6, 7, 8, 0, 0, 0], [9, 10, 11, 12, 13, 14, 15]]
-    assert x["padding_mask"].numpy().tolist() == [[1, 1, 1, 1, 0, 0, 0], [1] * 7]
-    assert x["positions"].numpy().tolist() == [[2, 3, 0], [4, 5, 6]]
-    assert targets.numpy().tolist() == [[8, 2, 0], [14, 15, 2]]
-    assert weights.numpy().tolist() == [[1, 1, 0], [1, 1, 1]]
-
-
-def test_the_reply_loss_is_the_full_sequence_loss_masked_by_hand():
-    """`ReplyLogits` on `reply_batches` gives the loss of the whole `CausalLM` on the next-token
-    targets, with the mask written by hand: 1 where the target is a reply token or the end of
-    turn, 0 on the prompt's targets and on padding."""
-    lm = tiny_lm()
-    examples = [([5, 6, 7], [8, 2]), ([9, 10, 11, 12, 13], [14, 15, 2])]
-    x, targets, weights = next(iter(chat_finetune.reply_batches(examples, batch_size=2)))
-    loss = TokenCrossEntropy()
-    reply_loss = loss(targets, chat_finetune.ReplyLogits(lm)(x), sample_weight=weights)
-
-    full = {"token_ids": x["token_ids"], "padding_mask": x["padding_mask"]}
-    next_tokens = [[6, 7, 8, 2, 0, 0, 0], [10, 11, 12, 13, 14, 15, 2]]
-    mask = [[0, 0, 1, 1, 0, 0, 0], [0, 0, 0, 0, 1, 1, 1]]
-    full_loss = loss(np.array(next_tokens), lm(full), sample_weight=np.array(mask, "float32"))
-    assert float(reply_loss) == pytest.approx(float(full_loss), rel=1e-6)
-
-
 def test_answer_scores_are_log_probabilities_of_the_whole_answer():
     """log P(answer | prompt), summed over the answer's tokens, against the `CausalLM`'s log-softmax
     on each sequence prompt + answer, for answers of one and two tokens."""
     lm = tiny_lm()
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9]]
     answers = [[10], [11], [12, 13]]
-    scores = chat_finetune.answer_log_probabilities(chat_finetune.ReplyLogits(lm), prompts, answers, batch_size=2)
+    scores = chat_finetune.answer_log_probabilities(kzoo.models.ReplyLogits(lm), prompts, answers, batch_size=2)
     for row, prompt in enumerate(prompts):
         for column, answer in enumerate(answers):
             ids = np.array([prompt + answer], "int32")
