@@ -327,6 +327,16 @@ def jinja_pass_arg(function):
     return None if pass_arg is None else pass_arg.name
 
 
+def jinja_namespace_attributes(namespace):
+    """The attributes a template set on a jinja2 `namespace()`, as a dict (the namespace's own).
+
+    Missing publicly: a `jinja2.utils.Namespace` lists its attributes only in its repr; they are
+    in the private (name-mangled) `_Namespace__attrs`. No upstream issue filed. Remove when
+    jinja2 exposes them.
+    """
+    return object.__getattribute__(namespace, "_Namespace__attrs")
+
+
 # The Python standard library
 
 

@@ -68,6 +68,8 @@ import jinja2.sandbox
 import jinja2.utils
 import numpy as np
 
+from kzoo import _compat
+
 # Where a reply's reasoning may be given; templates read the first two.
 _REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
 
@@ -580,7 +582,7 @@ def _children(container):
     if isinstance(container, Mapping):
         return [*container.keys(), *container.values()]
     if isinstance(container, jinja2.utils.Namespace):
-        return [object.__getattribute__(container, "_Namespace__attrs")]
+        return [_compat.jinja_namespace_attributes(container)]
     return container
 
 
@@ -959,7 +961,7 @@ _FILTER_CHECKS = {
 
 def _bounded_filter(name, function):
     """`function`, a filter, charged a step, its arguments checked, its result bounded."""
-    pass_arg = jinja2.utils._PassArg.from_obj(function)
+    pass_arg = _compat.jinja_pass_arg(function)
     check = _FILTER_CHECKS.get(name)
 
     # A context filter is not folded while the template compiles (outside any budget).
@@ -972,11 +974,11 @@ def _bounded_filter(name, function):
             value, args, kwargs = check(budget, value, args, kwargs)
         elif name in _TEXT_FILTERS and not isinstance(value, str):
             budget.check_text(value, f"the value given to {name}")
-        if pass_arg is jinja2.utils._PassArg.context:
+        if pass_arg == "context":
             result = function(context, value, *args, **kwargs)
-        elif pass_arg is jinja2.utils._PassArg.eval_context:
+        elif pass_arg == "eval_context":
             result = function(context.eval_ctx, value, *args, **kwargs)
-        elif pass_arg is jinja2.utils._PassArg.environment:
+        elif pass_arg == "environment":
             result = function(context.environment, value, *args, **kwargs)
         else:
             result = function(value, *args, **kwargs)
