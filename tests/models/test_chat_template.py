@@ -474,3 +474,19 @@ def test_chat_raises_the_template_error_within_its_budget(monkeypatch):
     lm.tokenizer.chat_template = "{{ 'x' * 10**10 }}"
     with pytest.raises(ChatTemplateError, match=r"would be 10,000,000,000 characters"):
         lm.chat(TURNS[:1], max_new_tokens=2)
+
+
+def test_training_examples_report_the_template_error_within_its_budget(monkeypatch):
+    """The chat recipe's examples: a template that does not end is reported as such (not as one
+    without an end-of-turn token), within the budget."""
+    from kzoo.models.decoder import reply_logits
+
+    monkeypatch.setattr(chat_template, "TIME_LIMIT", 1)
+    monkeypatch.setattr(chat_template, "MAX_STEPS", 10**12)
+    tokenizer = chatml_tokenizer(ENDLESS[0])
+    start = time.perf_counter()
+    with pytest.raises(ChatTemplateError, match=r"^/downloads/tokenizer_config.json went over its bounds"):
+        reply_logits.chat_examples(tokenizer, [TURNS[:1]], ["Sí."])
+    assert time.perf_counter() - start < 5
+    examples = reply_logits.chat_examples(chatml_tokenizer(), [TURNS[:1]], ["Sí."])
+    assert examples[0][1][-1] == tokenizer.token_to_id("<|im_end|>")

@@ -92,16 +92,20 @@ def chat_examples(tokenizer, conversations, replies):
     Raises:
         ValueError: the chat template closes a reply with no token of its own, or does not
             write a conversation as its prompt followed by the reply and that token.
+        kzoo.models.chat_template.ChatTemplateError: the chat template does not render a
+            conversation (or goes over its bounds), naming its file.
     """
+    answered = [[*messages, {"role": "assistant", "content": reply}] for messages, reply in zip(conversations, replies)]
+    # Rendered one by one, tokenized in one call (the tokenizer's batch encoding is the cost).
+    # Rendered before the end-of-turn lookup, so that a template that does not render is
+    # reported as such, not as one without an end-of-turn token.
+    prompts = tokenizer.tokenize(
+        [tokenizer.apply_chat_template(messages, add_generation_prompt=True) for messages in conversations]
+    )
     end_of_turn = chat_template.end_of_turn_token(tokenizer)
     if end_of_turn is None:
         raise ValueError("The tokenizer's chat template closes a reply with no token of its own.")
     end_id = tokenizer.token_to_id(end_of_turn)
-    answered = [[*messages, {"role": "assistant", "content": reply}] for messages, reply in zip(conversations, replies)]
-    # Rendered one by one, tokenized in one call (the tokenizer's batch encoding is the cost).
-    prompts = tokenizer.tokenize(
-        [tokenizer.apply_chat_template(messages, add_generation_prompt=True) for messages in conversations]
-    )
     wholes = tokenizer.tokenize([tokenizer.apply_chat_template(messages) for messages in answered])
     examples = []
     for prompt, whole, messages in zip(prompts, wholes, answered):
