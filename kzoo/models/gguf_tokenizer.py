@@ -164,7 +164,10 @@ def tokenizer_from_gguf(fields, source=None):
         raise ValueError(f"GGUF field {CHAT_TEMPLATE} must be a string; it is a {type(template).__name__}.")
     where = f"the tokenizer of {source}" if source else "the GGUF tokenizer"
     tokenizer = HFTokenizer(backend, chat_template=template or None, tokenizer_source=where, **named)
-    tokenizer.chat_template_source = f"the GGUF field {CHAT_TEMPLATE}"
+    # Named in the template's errors (`kzoo.models.chat_template.ChatTemplateError`).
+    tokenizer.chat_template_source = (
+        f"the GGUF field {CHAT_TEMPLATE} of {source}" if source else f"the GGUF field {CHAT_TEMPLATE}"
+    )
     return tokenizer
 
 

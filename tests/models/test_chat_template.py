@@ -490,3 +490,19 @@ def test_training_examples_report_the_template_error_within_its_budget(monkeypat
     assert time.perf_counter() - start < 5
     examples = reply_logits.chat_examples(chatml_tokenizer(), [TURNS[:1]], ["Sí."])
     assert examples[0][1][-1] == tokenizer.token_to_id("<|im_end|>")
+
+
+def test_a_gguf_template_is_named_by_its_file():
+    from kzoo.models.gguf_tokenizer import tokenizer_from_gguf
+
+    fields = {
+        "general.architecture": "llama",
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.tokens": ["a", "b", "ab", "</s>"],
+        "tokenizer.ggml.merges": ["a b"],
+        "tokenizer.ggml.eos_token_id": 3,
+        "tokenizer.chat_template": "{% for m in messages %}{% endfor %}",
+    }
+    tokenizer = tokenizer_from_gguf(fields, source="/downloads/model.gguf")
+    with pytest.raises(ChatTemplateError, match=r"^the GGUF field tokenizer.chat_template of /downloads/model.gguf "):
+        tokenizer.apply_chat_template(TURNS)
