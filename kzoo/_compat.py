@@ -258,6 +258,25 @@ def word_piece_special_tokens(tokenizer):
     return tokenizer._special_tokens_for_splitting()
 
 
+class FastWordPieceHook:
+    """A mixin for a keras-hub `WordPieceTokenizer` (a `BertTokenizer`) that builds its
+    TensorFlow WordPiece op itself: `fast_word_piece()` returns the
+    `tensorflow_text.FastWordpieceTokenizer` the tokenizer then runs.
+
+    Missing publicly: keras-hub builds the op in the private `_set_vocabulary_tf`, with a fixed
+    byte limit per word (kzoo needs `max_word_length` characters to decide, as `tokenizers`
+    does); this overrides it and sets the private `_fast_word_piece` it reads. No upstream issue
+    filed. Remove when keras-hub's `WordPieceTokenizer` takes the byte limit (or the op).
+    """
+
+    def fast_word_piece(self):
+        """The `tensorflow_text.FastWordpieceTokenizer` of the tokenizer's vocabulary."""
+        raise NotImplementedError
+
+    def _set_vocabulary_tf(self):
+        self._fast_word_piece = self.fast_word_piece()
+
+
 def replace_masker_selector(masker, selector):
     """Makes keras-hub's `MaskedLMMaskGenerator` `masker` choose positions with `selector` (a
     `tf_text.RandomItemSelector`) in place of its own.

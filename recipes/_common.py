@@ -72,6 +72,7 @@ import kzoo.data  # noqa: E402
 import kzoo.files  # noqa: E402
 import kzoo.training  # noqa: E402
 import kzoo.training.run  # noqa: E402
+from kzoo import _compat  # noqa: E402
 from kzoo.models import hf_tokenizer  # noqa: E402
 from kzoo.models import text_inputs  # noqa: E402
 
@@ -164,7 +165,7 @@ def parse_args(argv, recipe_file, description, defaults, quick, add_arguments=No
     if add_arguments is not None:
         add_arguments(parser)
     defaults = {"mixed_precision": False, **defaults}
-    for action in parser._actions:
+    for action in _compat.parser_actions(parser):
         if action.dest in defaults:
             note = f"default: {defaults[action.dest]}"
             if action.dest in quick:

@@ -32,6 +32,7 @@ import tensorflow_text as tf_text
 import tokenizers
 from keras_hub.tokenizers import BytePairTokenizer
 
+from kzoo import _compat
 from kzoo.models import bpe_pipelines
 from kzoo.models.chat_template import render_chat_template
 from kzoo.models.hf_checkpoint import CheckpointError
@@ -57,7 +58,7 @@ _REMOVED = r"[\x00-\x08\x0B\x0C\x0E-\x1F\x7F-\x9F\x{FFFD}\p{Cf}\p{Co}\p{Cs}]"
 
 
 @keras.saving.register_keras_serializable(package="kzoo")
-class BertTokenizer(keras_hub.models.BertTokenizer):
+class BertTokenizer(_compat.FastWordPieceHook, keras_hub.models.BertTokenizer):
     """BERT's WordPiece tokenizer, with the ids of Hugging Face's `tokenizers` package.
 
     keras-hub's WordPiece tokenizer lowercases with ICU case folding, which also applies NFKC
@@ -102,9 +103,9 @@ class BertTokenizer(keras_hub.models.BertTokenizer):
             **kwargs,
         )
 
-    def _set_vocabulary_tf(self):
+    def fast_word_piece(self):
         # Byte limit per word wide enough that `max_word_length` characters decide, as in `tokenizers`.
-        self._fast_word_piece = tf_text.FastWordpieceTokenizer(
+        return tf_text.FastWordpieceTokenizer(
             vocab=self.vocabulary,
             token_out_type=self.compute_dtype,
             suffix_indicator=self.suffix_indicator,
