@@ -84,6 +84,7 @@ DOCTEST_MODULES = [
     "kzoo.models.decoder.decoder_backbone",
     "kzoo.models.decoder.decoder_hf",
     "kzoo.models.decoder.decoder_presets",
+    "kzoo.models.decoder.families",
     "kzoo.models.decoder.reply_logits",
     "kzoo.models.feed_forward",
     "kzoo.models.feed_forward.context_window",

@@ -46,9 +46,10 @@ import numpy as np
 
 from kzoo import files
 from kzoo.models import hf_checkpoint
+from kzoo.models.decoder import families
 from kzoo.models.hf_checkpoint import CheckpointError
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
+SUPPORTED_ARCHITECTURES = tuple(families.gguf_architectures())
 # Every type `gguf.quants.dequantize` turns into float32.
 SUPPORTED_TYPES = (
     "F32", "F16", "BF16",
@@ -85,79 +86,16 @@ _SIZES = (
 _BLOCK = re.compile(r"blk\.(\d+)\.")
 
 
-@dataclasses.dataclass(frozen=True)
-class _Architecture:
-    """One GGUF architecture and its Hugging Face counterpart.
-
-    Attributes:
-        model_type: the Hugging Face `model_type`.
-        causal_lm: the `transformers` class, for the config's `architectures`.
-        layer_names: `{Hugging Face name inside model.layers.N: GGUF name inside blk.N}`.
-        qkv_bias: whether q, k and v always have biases (Qwen2).
-        bias_flag: whether the config's `attention_bias` adds q, k, v and o biases.
-        qk_norm: whether queries and keys have a per-head RMSNorm.
-        permute_qk: whether llama.cpp reorders the query and key rows for its RoPE.
-        norm_shift: what llama.cpp adds to every norm weight.
-        activation: (config field, the only activation llama.cpp runs for it).
-    """
-
-    model_type: str
-    causal_lm: str
-    layer_names: dict
-    qkv_bias: bool = False
-    bias_flag: bool = True
-    qk_norm: bool = False
-    permute_qk: bool = False
-    norm_shift: float = 0.0
-    activation: tuple = ("hidden_act", "silu")
-
-
-_LAYER_NAMES = {
-    "input_layernorm": "attn_norm",
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "post_attention_layernorm": "ffn_norm",  # Llama's norm before the feed-forward
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-}
-_QK_NORM_NAMES = {"self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
-# Gemma's four norms a block: before and after each sublayer.
-_GEMMA_LAYER_NAMES = {
-    **_LAYER_NAMES,
-    **_QK_NORM_NAMES,
-    "post_attention_layernorm": "post_attention_norm",
-    "pre_feedforward_layernorm": "ffn_norm",
-    "post_feedforward_layernorm": "post_ffw_norm",
-}
-_LLAMA = _Architecture("llama", "LlamaForCausalLM", _LAYER_NAMES, permute_qk=True)
-# GGUF architecture -> its Hugging Face counterpart.
-_ARCHITECTURES = {
-    "llama": _LLAMA,
-    "qwen2": _Architecture("qwen2", "Qwen2ForCausalLM", _LAYER_NAMES, qkv_bias=True, bias_flag=False),
-    "qwen3": _Architecture("qwen3", "Qwen3ForCausalLM", {**_LAYER_NAMES, **_QK_NORM_NAMES}, qk_norm=True),
-    "gemma3": _Architecture(
-        "gemma3_text",
-        "Gemma3ForCausalLM",
-        _GEMMA_LAYER_NAMES,
-        qk_norm=True,
-        norm_shift=1.0,
-        activation=("hidden_activation", "gelu_pytorch_tanh"),
-    ),
-}
-# Hugging Face model_type -> (GGUF architecture, its description); Mistral is Llama to llama.cpp.
-_WRITTEN = {spec.model_type: (arch, spec) for arch, spec in _ARCHITECTURES.items()} | {
-    "mistral": ("llama", dataclasses.replace(_LLAMA, model_type="mistral", bias_flag=False))
-}
-# Fixed in llama.cpp's Gemma 3 (llama-model.cpp): every sixth layer attends globally, the
-# sliding-window layers' RoPE base is 10,000, and queries are scaled by 1/sqrt(head_dim), except
-# at 62 layers (Gemma 3 27B), scaled by 1/sqrt(hidden_size / num_attention_heads).
-_GEMMA3_PATTERN = 6
-_GEMMA3_LOCAL_ROPE_THETA = 10000.0
-_GEMMA3_27B_LAYERS = 62
-_GEMMA3_QUERY_SCALAR = 256  # transformers' default query_pre_attn_scalar
+# GGUF architecture -> the family it reads as, and Hugging Face model_type -> the family written;
+# each family's GGUF layout is its record's `gguf` (`kzoo.models.decoder.families`).
+_ARCHITECTURES = families.gguf_architectures()
+_WRITTEN = families.written_as_gguf()
+# What llama.cpp's Gemma 3 fixes (the record's `gguf.fixed`).
+_GEMMA3_FIXED = families.FAMILIES["gemma3_text"].gguf.fixed
+_GEMMA3_PATTERN = _GEMMA3_FIXED["sliding_window_pattern"]
+_GEMMA3_LOCAL_ROPE_THETA = _GEMMA3_FIXED["rope_local_base_freq"]
+_GEMMA3_27B_LAYERS = _GEMMA3_FIXED["wide_query_layers"]
+_GEMMA3_QUERY_SCALAR = _GEMMA3_FIXED["query_pre_attn_scalar"]
 # transformers' GGUF_CONFIG_MAPPING: `<arch>.<key>` -> config field, for every architecture here.
 _CONFIG_KEYS = {
     "context_length": "max_position_embeddings",
@@ -432,7 +370,7 @@ class GGUFCheckpoint:
             raise CheckpointError(
                 f"{self.path}: {prefix}rope.scaling.type is {scaling!r}; kzoo reads 'none' and 'linear'."
             )
-        if spec.bias_flag and "blk.0.attn_q.bias" in tensors:
+        if spec.gguf.bias_flag and "blk.0.attn_q.bias" in tensors:
             config["attention_bias"] = True
         if spec.model_type == "gemma3_text":
             sliding_window = self._optional(prefix + "attention.sliding_window", int)
@@ -532,7 +470,8 @@ def write_gguf(path, config, tensors, tokenizer_fields=None, file_type="F16", *,
     model_type = config.get("model_type")
     if model_type not in _WRITTEN:
         raise CheckpointError(f"Cannot write model_type {model_type!r} as GGUF; kzoo writes {sorted(_WRITTEN)}.")
-    architecture, spec = _WRITTEN[model_type]
+    spec = _WRITTEN[model_type]
+    architecture = spec.gguf_architecture
     config = _normalized_config(config, spec)
     expected = _tensor_names(config, spec)
     arrays = _checked_tensors(tensors, config, expected)
@@ -754,11 +693,11 @@ def _tensor_names(config, spec):
         "mlp.up_proj.weight": (ff, hidden),
         "mlp.down_proj.weight": (hidden, ff),
     }
-    layer |= {f"{norm}.weight": (hidden,) for norm in spec.layer_names if norm.endswith("layernorm")}
-    if spec.qk_norm:
+    layer |= {f"{norm}.weight": (hidden,) for norm in spec.gguf.layer_names if norm.endswith("layernorm")}
+    if spec.gguf.qk_norm:
         layer |= {"self_attn.q_norm.weight": (head_dim,), "self_attn.k_norm.weight": (head_dim,)}
-    has_bias = spec.bias_flag and config.get("attention_bias")
-    if spec.qkv_bias or has_bias:
+    has_bias = spec.gguf.bias_flag and config.get("attention_bias")
+    if spec.gguf.qkv_bias or has_bias:
         q, kv = heads * head_dim, kv_heads * head_dim
         layer |= {"self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (kv,), "self_attn.v_proj.bias": (kv,)}
     if has_bias:
@@ -766,7 +705,7 @@ def _tensor_names(config, spec):
     for index in range(config["num_hidden_layers"]):
         for name, shape in layer.items():
             module, kind = name.rsplit(".", 1)
-            names[f"model.layers.{index}.{name}"] = (f"blk.{index}.{spec.layer_names[module]}.{kind}", shape)
+            names[f"model.layers.{index}.{name}"] = (f"blk.{index}.{spec.gguf.layer_names[module]}.{kind}", shape)
     names["model.norm.weight"] = ("output_norm.weight", (hidden,))
     if not config["tie_word_embeddings"]:
         names["lm_head.weight"] = ("output.weight", (vocab, hidden))
@@ -793,11 +732,11 @@ def _rope_heads(gguf_name, config):
 
 def _llama_cpp_changes(weights, gguf_name, config, spec, to_llama_cpp):
     """Makes (`to_llama_cpp`) or undoes llama.cpp's changes to the tensor `gguf_name`."""
-    heads = _rope_heads(gguf_name, config) if spec.permute_qk else None
+    heads = _rope_heads(gguf_name, config) if spec.gguf.permute_qk else None
     if heads is not None:
         weights = _permute_rope_rows(weights, heads, to_llama_cpp)
-    if spec.norm_shift and gguf_name.endswith("norm.weight"):
-        shift = np.float32(spec.norm_shift)
+    if spec.gguf.norm_shift and gguf_name.endswith("norm.weight"):
+        shift = np.float32(spec.gguf.norm_shift)
         weights = weights + shift if to_llama_cpp else weights - shift
     return weights
 
@@ -860,7 +799,9 @@ def _normalized_config(config, spec):
         raise CheckpointError(f"The {model_type} config's linear RoPE scaling has no factor.")
     result["rope_theta"], result["rope_factor"] = theta, factor if rope_type == "linear" else None
     # (field, the value the config has, the only value llama.cpp's architecture runs)
-    fixed = [(spec.activation[0], config.get(spec.activation[0], spec.activation[1]), spec.activation[1])]
+    fixed = [
+        (spec.gguf.activation[0], config.get(spec.gguf.activation[0], spec.gguf.activation[1]), spec.gguf.activation[1])
+    ]
     if rope_type not in ("default", "linear"):
         fixed.append(("RoPE type", rope_type, "'default' or 'linear'"))
     if model_type == "llama":
@@ -885,7 +826,7 @@ def _normalized_config(config, spec):
     wrong = [f"{field} is {value!r}, not {allowed!r}" for field, value, allowed in fixed if value != allowed]
     if wrong:
         raise CheckpointError(
-            f"GGUF's {_WRITTEN[model_type][0]} architecture cannot hold this {model_type} config: " + "; ".join(wrong)
+            f"GGUF's {spec.gguf_architecture} architecture cannot hold this {model_type} config: " + "; ".join(wrong)
         )
     return result
 
@@ -929,7 +870,7 @@ def _write_metadata(writer, config, spec, file_type, name):
     # llama.cpp writes the vocabulary size for Llama only; it is written for every architecture
     # so that a file without a tokenizer still gives it to transformers.
     writer.add_vocab_size(config["vocab_size"])
-    if spec.permute_qk:
+    if spec.gguf.permute_qk:
         writer.add_rope_dimension_count(config["head_dim"])
     if config["rope_factor"] is not None:
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)

@@ -14,7 +14,8 @@ gguf_file=...)`, see `kzoo.models.bpe_pipelines`), so its ids are transformers':
   other than an ASCII digit, "x ½", or a run of whitespace before a digit, "x   1"; kzoo gives
   SmolLM2's own ids there.) Other names are refused: their split is unknown.
 - "llama": SentencePiece BPE with byte fallback, merges from the scores; Gemma's pipeline for the
-  Gemma architectures (`general.architecture` "gemma", "gemma2", "gemma3"), Llama's otherwise.
+  Gemma architectures (`general.architecture` "gemma", "gemma2", "gemma3": `GEMMA_ARCHITECTURES`,
+  the families whose record says `gemma_vocabulary`), Llama's otherwise.
 - Control tokens become special tokens and user-defined ones added tokens (both kept whole in
   text); BOS is prepended when `tokenizer.ggml.add_bos_token` says so (a "llama" file that does
   not say prepends it, as llama.cpp and transformers do).
@@ -37,6 +38,7 @@ from tokenizers import pre_tokenizers
 
 from kzoo.models import bpe_pipelines
 from kzoo.models.chat_template import end_of_turn_token
+from kzoo.models.decoder import families
 from kzoo.models.hf_tokenizer import HFTokenizer
 
 MODEL = "tokenizer.ggml.model"
@@ -60,7 +62,8 @@ TOKEN_IDS = {
 END_OF_TURN_ID = "tokenizer.ggml.eot_token_id"
 # llama.cpp's token types.
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, BYTE = 1, 2, 3, 4, 6
-GEMMA_ARCHITECTURES = ("gemma", "gemma2", "gemma3")
+# The architectures whose "llama" vocabulary is Gemma's (a record's `gemma_vocabulary`).
+GEMMA_ARCHITECTURES = families.gemma_vocabulary_architectures()
 
 # Pre-tokenizer splits (the regexes of the models' tokenizer.json files).
 LLAMA3_SPLIT = (

@@ -6,8 +6,9 @@ Qwen3, Gemma, Gemma 2, Gemma 3 and Phi-3 name their tensors alike (`model.layers
 `k_norm` (Qwen3, Gemma 3), and Gemma 2/3's four norms per block, whose
 `post_attention_layernorm` follows the attention where the others' precedes the MLP. What
 differs is each `model_type`'s config: its fields, their defaults, and the settings fixed by the
-architecture (`_FAMILIES`). `transformers` stores `nn.Linear` weights as `(out, in)`, the
-transpose of a Keras kernel; kzoo keeps the attention projections per head, a reshape.
+architecture (the family's record in `kzoo.models.decoder.families`). `transformers` stores
+`nn.Linear` weights as `(out, in)`, the transpose of a Keras kernel; kzoo keeps the attention
+projections per head, a reshape.
 
 `gemma3` (Gemma 3 with its vision tower) is read for its text decoder: the config's
 `text_config`, the tensors under `model.language_model.` (or `language_model.model.`, as the
@@ -16,13 +17,13 @@ written back as its own `model_type` (`DecoderBackbone.model_type`), and only if
 holds every setting of the backbone (checked by reading the written config back).
 """
 
-import dataclasses
 import functools
 import inspect
 import re
 
 from kzoo.layers.rotary_embedding import check_rope_scaling
 from kzoo.models import hf_checkpoint
+from kzoo.models.decoder import families
 from kzoo.models.decoder.decoder_backbone import FULL_ATTENTION
 from kzoo.models.decoder.decoder_backbone import SLIDING_ATTENTION
 from kzoo.models.decoder.decoder_backbone import DecoderBackbone
@@ -50,94 +51,20 @@ ACTIVATIONS = {
 HF_ACTIVATIONS = {"silu": "silu", "gelu_approximate": "gelu_pytorch_tanh", "gelu": "gelu", "relu": "relu"}
 
 
-@dataclasses.dataclass(frozen=True)
-class _Settings:
-    """How one `model_type` differs.
-
-    Attributes:
-        architecture: the bare backbone's `transformers` class ("LlamaModel").
-        causal_lm: the task's `transformers` class ("LlamaForCausalLM").
-        fixed: DecoderBackbone arguments the architecture fixes.
-        tie_default: `tie_word_embeddings` where the config does not say.
-        activation_field: "hidden_act" or "hidden_activation" (Gemma, where a config without it
-            runs the tanh GELU).
-        bias: how `attention_bias` reads: "all" (q, k, v and o: Llama, Qwen3, Gemma), "qkv"
-            (Qwen2: always on q, k, v, never on o), "none" (Mistral).
-        sliding: "none", "all" (Mistral: every layer slides when `sliding_window` is set),
-            "qwen" (`use_sliding_window` from `max_window_layers` on), "gemma" (`layer_types`,
-            or every `sliding_window_pattern`-th layer full) or "smollm3" (`layer_types` under
-            `use_sliding_window`, or the layers without RoPE).
-        query_scalar: reads `query_pre_attn_scalar` (Gemma 2/3: the query scale is its -1/2 power).
-        soft_caps: reads `attn_logit_softcapping` and `final_logit_softcapping` (Gemma 2/3).
-        local_rope: sliding layers have a RoPE base of their own (`rope_local_base_freq`, Gemma 3).
-        mlp_bias: reads `mlp_bias` (Llama).
-        fused: the query, key and value projections are one tensor, `qkv_proj`, and the gate and
-            up projections another, `gate_up_proj` (Phi-3).
-        no_rope: reads `no_rope_layers` (1 where a layer applies RoPE), or every
-            `no_rope_layer_interval`-th layer without it (SmolLM3).
-    """
-
-    architecture: str
-    causal_lm: str
-    fixed: dict
-    tie_default: bool = False
-    activation_field: str = "hidden_act"
-    bias: str = "all"
-    sliding: str = "none"
-    query_scalar: bool = False
-    soft_caps: bool = False
-    local_rope: bool = False
-    mlp_bias: bool = False
-    fused: bool = False
-    no_rope: bool = False
-
-
-_GEMMA = dict(norm_unit_offset=True, scale_embeddings=True)
-_FAMILIES = {
-    "llama": _Settings("LlamaModel", "LlamaForCausalLM", {}, mlp_bias=True),
-    "mistral": _Settings("MistralModel", "MistralForCausalLM", {}, bias="none", sliding="all"),
-    "qwen2": _Settings("Qwen2Model", "Qwen2ForCausalLM", {}, bias="qkv", sliding="qwen"),
-    "qwen3": _Settings("Qwen3Model", "Qwen3ForCausalLM", {"query_key_norm": True}, sliding="qwen"),
-    "phi3": _Settings("Phi3Model", "Phi3ForCausalLM", {}, bias="none", sliding="all", fused=True),
-    "smollm3": _Settings(
-        "SmolLM3Model", "SmolLM3ForCausalLM", {}, True, mlp_bias=True, sliding="smollm3", no_rope=True
-    ),
-    "gemma": _Settings("GemmaModel", "GemmaForCausalLM", _GEMMA, True, "hidden_activation"),
-    "gemma2": _Settings(
-        "Gemma2Model",
-        "Gemma2ForCausalLM",
-        {**_GEMMA, "sandwich_norm": True},
-        True,
-        "hidden_activation",
-        sliding="gemma",
-        query_scalar=True,
-        soft_caps=True,
-    ),
-    "gemma3_text": _Settings(
-        "Gemma3TextModel",
-        "Gemma3ForCausalLM",
-        {**_GEMMA, "sandwich_norm": True, "query_key_norm": True},
-        True,
-        "hidden_activation",
-        sliding="gemma",
-        query_scalar=True,
-        soft_caps=True,
-        local_rope=True,
-    ),
-}
-# Gemma 3 with its vision tower: the text decoder of `text_config`.
-MULTIMODAL = {"gemma3": ("gemma3_text", "Gemma3ForConditionalGeneration")}
+# Each `model_type`'s settings are its record, `families.FAMILIES[model_type]`; these are the
+# ones kzoo also writes (a multimodal checkpoint is read for its text decoder alone).
+_FAMILIES = families.text_families()
 
 
 def backbone_config(config, read, model_type=None):
     """`DecoderBackbone` arguments from a `transformers` config dict (`read`: its `ConfigReader`)."""
     model_type = model_type or config["model_type"]
-    if model_type in MULTIMODAL:
+    text_family = families.FAMILIES[model_type].text_family
+    if text_family is not None:
         text_config = read("text_config")
         if not isinstance(text_config, dict):
             raise CheckpointError(f"{read.source} field 'text_config' must be a JSON object.")
-        text_model_type = MULTIMODAL[model_type][0]
-        return backbone_config(text_config, ConfigReader(text_config, f"{read.source} text_config"), text_model_type)
+        return backbone_config(text_config, ConfigReader(text_config, f"{read.source} text_config"), text_family)
     settings = _FAMILIES[model_type]
     hidden_dim, num_heads = read.int("hidden_size"), read.int("num_attention_heads")
     num_key_value_heads = read.int("num_key_value_heads", num_heads)
@@ -459,28 +386,29 @@ def _multimodal_config(backbone):
     raise CheckpointError("kzoo writes Gemma 3's text decoder alone, as model_type 'gemma3_text'.")
 
 
-def _register(model_type, architecture, causal_lm, prefixes, lm_heads, fused=False):
-    prefix_pattern = "|".join(re.escape(prefix) for prefix in prefixes)
+def _register(family):
+    prefix_pattern = "|".join(re.escape(prefix) for prefix in family.prefixes)
+    model_type, multimodal = family.model_type, family.text_family is not None
     hf_checkpoint.register_family(
         Family(
             model_type=model_type,
             backbone_cls=DecoderBackbone,
-            backbone_architecture=architecture,
+            backbone_architecture=family.architecture,
             backbone_config=backbone_config,
-            hf_config=_multimodal_config if model_type in MULTIMODAL else lambda b: hf_config(b, model_type),
-            backbone_tensors=functools.partial(backbone_tensors, fused=fused),
-            backbone_prefix=prefixes,
+            hf_config=_multimodal_config if multimodal else lambda b: hf_config(b, model_type),
+            backbone_tensors=functools.partial(backbone_tensors, fused=family.fused),
+            backbone_prefix=family.prefixes,
             layer_pattern=rf"^(?:{prefix_pattern})?layers\.(\d+)\.",
             num_layers_field="num_hidden_layers",
             tokenizer=_tokenizer,
             ignored=("rotary_emb.inv_freq",),
-            ignored_prefixes=_VISION_PREFIXES if model_type in MULTIMODAL else (),
+            ignored_prefixes=family.ignored_prefixes,
             heads={
                 "CausalLM": Head(
-                    (causal_lm,),
+                    (family.causal_lm,),
                     tensors=_lm_head_tensors,
                     tied=lambda task: (
-                        dict.fromkeys(lm_heads, "embed_tokens.weight") if task.backbone.tie_embeddings else {}
+                        dict.fromkeys(family.lm_heads, "embed_tokens.weight") if task.backbone.tie_embeddings else {}
                     ),
                 )
             },
@@ -488,17 +416,5 @@ def _register(model_type, architecture, causal_lm, prefixes, lm_heads, fused=Fal
     )
 
 
-# The vision tower of a multimodal checkpoint, as transformers v5 and the published files name it.
-_VISION_PREFIXES = ("model.vision_tower.", "model.multi_modal_projector.", "vision_tower.", "multi_modal_projector.")
-for _model_type, _settings in _FAMILIES.items():
-    _register(
-        _model_type, _settings.architecture, _settings.causal_lm, ("model.",), ("lm_head.weight",), _settings.fused
-    )
-for _model_type, (_, _architecture) in MULTIMODAL.items():
-    _register(
-        _model_type,
-        _architecture,
-        _architecture,
-        ("model.language_model.", "language_model.model."),
-        ("lm_head.weight", "language_model.lm_head.weight"),
-    )
+for _family in families.FAMILIES.values():
+    _register(_family)
