@@ -1,5 +1,8 @@
 """Every model family's SavedModel and float32 TFLite file against its Keras model.
 
+The families are kzoo's own models and every decoder family (`kzoo.models.decoder.families`); GPT
+stands for the decoders by default, the decoder families run with KZOO_SLOW=1.
+
 The exporter verifies itself; these tests check its files again, independently, on other
 inputs: lengths 1, 7 and the maximum, a padded row, and greedy generation token for token.
 """
@@ -11,6 +14,7 @@ import tensorflow as tf
 
 from kzoo import export
 from kzoo.export.serving_signatures import input_names
+from kzoo.models.decoder.families import FAMILIES as DECODER_FAMILIES
 from tests.export.tiny_models import MAX_LENGTH
 from tests.export.tiny_models import build
 from tests.export.tiny_models import inputs
@@ -25,6 +29,7 @@ FAMILIES = (
     "rnn_lm",
     "feed_forward_lm",
     "bilstm_classifier",
+    *(pytest.param(model_type, marks=pytest.mark.slow) for model_type in DECODER_FAMILIES),
 )
 
 

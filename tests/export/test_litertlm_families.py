@@ -2,8 +2,10 @@
 loaded into kzoo and exported through the one serving interface, gives in Google's runtime the
 greedy text of Keras and of `transformers` itself.
 
-The default run exports Gemma 3 (sliding-window layers with a window of 4 in a 64-slot cache, two
-RoPE bases, QK-norm, four norms per block); the other families run with KZOO_SLOW=1.
+The families are GPT-2 and every decoder family kzoo writes (`hf_folders.DECODERS`, from the records
+of `kzoo.models.decoder.families`). The default run exports Gemma 3 (sliding-window layers with a
+window of 4 in a 64-slot cache, two RoPE bases, QK-norm, four norms per block); the other families
+run with KZOO_SLOW=1.
 """
 
 import numpy as np
@@ -14,13 +16,15 @@ from kzoo import data
 from kzoo import export
 from kzoo import models
 from kzoo.export import litertlm_model
+from kzoo.models.decoder.families import text_families
 from tests.models import hf_folders
 
 CACHE_LENGTH = 64
 # 42 characters: three prefill chunks, each longer than the sliding windows.
 PROMPT = "ROMEO: But soft, what light through yonder"
 NEW_TOKENS = 20
-SLOW_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "gpt2")
+FAMILIES = [*text_families(), "gpt2"]
+FAST_FAMILY = "gemma3_text"
 
 
 def load_family(folder, family):
@@ -47,7 +51,7 @@ def transformers_greedy(model, prompt_ids, new_tokens, stop_token_ids):
 
 
 @pytest.mark.parametrize(
-    "family", ["gemma3_text", *(pytest.param(family, marks=pytest.mark.slow) for family in SLOW_FAMILIES)]
+    "family", [pytest.param(family, marks=[] if family == FAST_FAMILY else pytest.mark.slow) for family in FAMILIES]
 )
 def test_the_bundle_gives_the_greedy_text_of_keras_and_transformers(family, tmp_path):
     lm, reference = load_family(tmp_path / "hf", family)

@@ -4,6 +4,8 @@ import keras
 import numpy as np
 
 from kzoo import models
+from kzoo.models.decoder.families import FAMILIES
+from tests.models.tiny_models import decoder_backbone
 
 VOCABULARY_SIZE = 64
 MAX_LENGTH = 16
@@ -12,7 +14,8 @@ TRANSFORMER = dict(num_heads=2, hidden_dim=16, intermediate_dim=32, max_sequence
 
 def build(family, vocabulary_size=VOCABULARY_SIZE, **transformer):
     """A tiny model of `family` ("gpt", "bert_classifier", "bert_tagger", "bert_masked_lm",
-    "seq2seq", "rnn_lm", "feed_forward_lm", "bilstm_classifier"), every matrix drawn anew (see `redraw`)."""
+    "seq2seq", "rnn_lm", "feed_forward_lm", "bilstm_classifier", or a decoder family's
+    `model_type`), every matrix drawn anew (see `redraw`)."""
     return redraw(_build(family, vocabulary_size, **transformer))
 
 
@@ -51,6 +54,9 @@ def _build(family, vocabulary_size, **transformer):
         return models.FeedForwardLanguageModel(vocabulary_size, window_size=3, embedding_dim=8, hidden_dim=16)
     if family == "bilstm_classifier":
         return models.BiLSTMClassifier(vocabulary_size, num_classes=3, embedding_dim=16, hidden_dim=16)
+    if family in FAMILIES:  # the shared causal-LM suite's tiny decoder of the family, at these sizes
+        sizes = dict(vocab_size=vocabulary_size, max_position_embeddings=config["max_sequence_length"])
+        return models.CausalLM(decoder_backbone(family, **sizes))
     raise ValueError(family)
 
 

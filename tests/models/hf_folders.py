@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
+from kzoo.models.decoder.families import text_families
+
 # A small WordPiece vocabulary: BERT's special tokens, some words, pieces and characters.
 WORDS = (
     "the a fine film movie was is not good bad great dull cafe creme brulee naive i love it "
@@ -113,8 +115,8 @@ def random_batch(vocabulary_size, batch=3, length=12, seed=0, segments=True):
     return ids, mask, segment_ids
 
 
-# Tiny random decoders of each Llama-lineage `model_type`, small enough that every setting that
-# distinguishes a family acts within a dozen tokens (windows of 4, llama3 scaling from 8 positions).
+# The sizes of the tiny random decoders; each family's own fields are its record's `tiny.hf`,
+# small enough that every setting that distinguishes a family acts within a dozen tokens.
 DECODER_BASE = dict(
     vocab_size=300,
     hidden_size=32,
@@ -124,71 +126,15 @@ DECODER_BASE = dict(
     num_key_value_heads=2,
     max_position_embeddings=64,
 )
-_LLAMA3_ROPE = {
-    "rope_type": "llama3",
-    "rope_theta": 500000.0,
-    "factor": 8.0,
-    "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 8,
-}
-_GEMMA3_ROPE = {
-    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-    "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 8.0},
-}
-# name -> (transformers config class, causal LM class, config fields)
+# name -> (transformers config class, causal LM class, config fields): every family kzoo writes,
+# as its record's tiny model (`Family.tiny`), and each of its variants as "<model_type>_<suffix>".
 DECODERS = {
-    "llama": (
-        "LlamaConfig",
-        "LlamaForCausalLM",
-        dict(rope_parameters=_LLAMA3_ROPE, attention_bias=True, mlp_bias=True),
-    ),
-    "llama_tied": ("LlamaConfig", "LlamaForCausalLM", dict(tie_word_embeddings=True)),
-    "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=4)),
-    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(use_sliding_window=True, sliding_window=4, max_window_layers=1)),
-    "qwen3": (
-        "Qwen3Config",
-        "Qwen3ForCausalLM",
-        dict(head_dim=16, rope_parameters={"rope_type": "linear", "rope_theta": 1000.0, "factor": 2.0}),
-    ),
-    "phi3": (
-        "Phi3Config",
-        "Phi3ForCausalLM",
-        dict(
-            sliding_window=4,
-            pad_token_id=0,
-            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
-        ),
-    ),
-    # Layer 1 has no RoPE and slides (transformers' rule without `layer_types`).
-    "smollm3": (
-        "SmolLM3Config",
-        "SmolLM3ForCausalLM",
-        dict(no_rope_layer_interval=2, use_sliding_window=True, sliding_window=4, mlp_bias=True, pad_token_id=0),
-    ),
-    "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(head_dim=16)),
-    "gemma2": (
-        "Gemma2Config",
-        "Gemma2ForCausalLM",
-        dict(
-            head_dim=16,
-            sliding_window=4,
-            query_pre_attn_scalar=12,
-            attn_logit_softcapping=5.0,
-            final_logit_softcapping=3.0,
-        ),
-    ),
-    "gemma3_text": (
-        "Gemma3TextConfig",
-        "Gemma3ForCausalLM",
-        dict(
-            head_dim=16,
-            sliding_window=4,
-            query_pre_attn_scalar=12,
-            layer_types=["sliding_attention", "full_attention"],
-            rope_parameters=_GEMMA3_ROPE,
-        ),
-    ),
+    name: (family.tiny.config, family.causal_lm, fields)
+    for model_type, family in text_families().items()
+    for name, fields in {
+        model_type: family.tiny.hf,
+        **{f"{model_type}_{suffix}": fields for suffix, fields in family.tiny.variants.items()},
+    }.items()
 }
 
 

@@ -17,6 +17,7 @@ import transformers
 
 import kzoo
 from kzoo.models import hf_checkpoint
+from kzoo.models.decoder import families
 from kzoo.models.hf_checkpoint import CheckpointError
 from tests.models import hf_folders
 
@@ -171,12 +172,10 @@ def test_a_bad_config_is_refused_before_anything_is_built(tmp_path, folders, fie
 
 def test_gemma3_with_its_vision_tower_loads_its_text_decoder(tmp_path):
     torch.manual_seed(0)
-    text = {**hf_folders.DECODER_BASE, **hf_folders.DECODERS["gemma3_text"][2]}
-    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28)
-    config = transformers.Gemma3Config(
-        text_config=text, vision_config={**vision, "patch_size": 14}, mm_tokens_per_image=4
-    )
-    reference = transformers.Gemma3ForConditionalGeneration(config).eval()
+    family = families.FAMILIES["gemma3"]  # its tiny vision tower, around the tiny text decoder of Gemma 3
+    text = {**hf_folders.DECODER_BASE, **hf_folders.DECODERS[family.text_family][2]}
+    config = getattr(transformers, family.tiny.config)(text_config=text, **family.tiny.hf)
+    reference = getattr(transformers, family.causal_lm)(config).eval()
     with torch.no_grad():
         for parameter in reference.parameters():
             parameter.copy_(torch.randn_like(parameter) * 0.2)

@@ -26,34 +26,19 @@ from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
 from kzoo import files
 from kzoo.models import gguf_checkpoint
+from kzoo.models.decoder.families import written_as_gguf
 from kzoo.models.gguf_checkpoint import GGUFCheckpoint
 from kzoo.models.gguf_checkpoint import write_gguf
 from kzoo.models.hf_checkpoint import CheckpointError
 
 Q = gguf.GGMLQuantizationType
 SMOLLM2 = "SmolLM2-135M-Instruct.Q4_1.gguf"
-# Tiny configs: every row a multiple of 32 (Q8_0's block). Qwen 3 keeps head_dim 128 and Gemma 3
-# head_dim 256 = query_pre_attn_scalar: transformers' GGUF loader reads neither and uses those
-# defaults. Gemma 3's 6 layers include a global one (the 6th) and its window is shorter than the inputs.
+# Tiny configs of every family kzoo writes as GGUF (their records' `tiny.gguf`), over these sizes:
+# every row a multiple of 32 (Q8_0's block).
 SIZES = dict(hidden_size=64, intermediate_size=128, vocab_size=96, max_position_embeddings=64, rms_norm_eps=1e-5)
 TINY = {
-    "llama": (transformers.LlamaConfig, dict(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)),
-    "mistral": (
-        transformers.MistralConfig,
-        dict(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1, sliding_window=None),
-    ),
-    "qwen2": (
-        transformers.Qwen2Config,
-        dict(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True),
-    ),
-    "qwen3": (
-        transformers.Qwen3Config,
-        dict(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=128),
-    ),
-    "gemma3_text": (
-        transformers.Gemma3TextConfig,
-        dict(num_hidden_layers=6, num_attention_heads=2, num_key_value_heads=1, sliding_window=8),
-    ),
+    model_type: (getattr(transformers, family.tiny.config), family.tiny.gguf)
+    for model_type, family in written_as_gguf().items()
 }
 # A tiny Llama laid out as llama.cpp writes it: rows of 256 values, the K-quants' block.
 LLAMA_CPP = dict(hidden=256, heads=4, kv_heads=2, ff=256, vocab=32)

@@ -1,8 +1,13 @@
 """Tiny model configurations and batches shared by the model tests."""
 
+import functools
+
 import numpy as np
 
 from kzoo import models
+from kzoo.models.decoder import decoder_hf
+from kzoo.models.decoder.families import FAMILIES
+from kzoo.models.hf_checkpoint import ConfigReader
 
 VOCABULARY_SIZE = 40
 MASK_ID = VOCABULARY_SIZE - 1  # BERT's [MASK]; 0 is padding.
@@ -79,50 +84,35 @@ def task_batch(name, seed=0, **backbone_overrides):
     raise ValueError(name)
 
 
-# One tiny backbone per decoder family, each with the settings that make it that family; the
-# shared causal-LM tests (tests/models/test_causal_lm.py) run every one.
-_DECODER_BASE = dict(
-    vocabulary_size=VOCABULARY_SIZE, num_layers=2, hidden_dim=16, intermediate_dim=32, max_sequence_length=16
+# One tiny backbone per decoder family: GPT-2's, and every record of `kzoo.models.decoder.families`
+# read from its tiny Hugging Face config (`Family.tiny.hf`, at these sizes) as a checkpoint is, so
+# that each has the settings that make it that family; the shared causal-LM tests
+# (tests/models/test_causal_lm.py) run every one.
+_HF_BASE = dict(
+    vocab_size=VOCABULARY_SIZE,
+    hidden_size=16,
+    intermediate_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=16,
 )
+
+
+def decoder_backbone(model_type, **sizes):
+    """The tiny `DecoderBackbone` of a family, as kzoo reads its tiny config (a multimodal one's
+    text decoder) with `sizes` (config fields) over the base sizes, and the record's
+    `tiny.backbone` settings over it."""
+    family = FAMILIES[model_type]
+    text = FAMILIES[family.text_family or model_type]
+    config = {"model_type": model_type, **_HF_BASE, **sizes, **text.tiny.hf}
+    if family.text_family is not None:
+        config = {"model_type": model_type, **family.tiny.hf, "text_config": config}
+    arguments = decoder_hf.backbone_config(config, ConfigReader(config, f"the tiny {model_type} config"))
+    return models.DecoderBackbone(**{**arguments, **text.tiny.backbone})
+
+
 DECODERS = {
     "gpt2": lambda: models.GPTBackbone(**TINY_CONFIG),
-    "llama": lambda: models.DecoderBackbone(
-        **_DECODER_BASE,
-        num_heads=4,
-        num_key_value_heads=2,
-        rope_parameters={
-            "rope_type": "llama3",
-            "rope_theta": 500000.0,
-            "factor": 8.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 4,
-        },
-        model_type="llama",
-    ),
-    "mistral": lambda: models.DecoderBackbone(**_DECODER_BASE, num_heads=2, sliding_window=3, model_type="mistral"),
-    "qwen3": lambda: models.DecoderBackbone(
-        **_DECODER_BASE, num_heads=4, num_key_value_heads=1, head_dim=8, query_key_norm=True, model_type="qwen3"
-    ),
-    "gemma3": lambda: models.DecoderBackbone(
-        **_DECODER_BASE,
-        num_heads=2,
-        num_key_value_heads=1,
-        head_dim=8,
-        activation="gelu_approximate",
-        norm_unit_offset=True,
-        scale_embeddings=True,
-        sandwich_norm=True,
-        query_key_norm=True,
-        attention_scale=0.3,
-        attention_soft_cap=8.0,
-        final_logit_soft_cap=6.0,
-        layer_types=["sliding_attention", "full_attention"],
-        sliding_window=3,
-        rope_parameters={
-            "sliding_attention": {"rope_theta": 10000.0},
-            "full_attention": {"rope_theta": 1000000.0, "rope_type": "linear", "factor": 8.0},
-        },
-        model_type="gemma3_text",
-    ),
+    **{model_type: functools.partial(decoder_backbone, model_type) for model_type in FAMILIES},
 }
