@@ -87,8 +87,11 @@ def task_batch(name, seed=0, **backbone_overrides):
 # One tiny backbone per decoder family: GPT-2's, and every record of `kzoo.models.decoder.families`
 # read from its tiny Hugging Face config (`Family.tiny.hf`, at these sizes) as a checkpoint is, so
 # that each has the settings that make it that family; the shared causal-LM tests
-# (tests/models/test_causal_lm.py) run every one.
+# (tests/models/test_causal_lm.py) run every one. Each ties its output head to the embeddings, as a
+# DecoderBackbone does by default: an untied head lies outside the backbone, so the backbone's LoRA
+# would leave it training (transformers' untied heads are checked in test_decoder_hf.py).
 _HF_BASE = dict(
+    tie_word_embeddings=True,
     vocab_size=VOCABULARY_SIZE,
     hidden_size=16,
     intermediate_size=32,
