@@ -393,27 +393,16 @@ def test_parser_actions():
 
 
 def test_fast_word_piece_hook():
-    """keras-hub builds its WordPiece op where the hook takes over: a 30-byte word that keras-hub's
-    own op (at most 100 bytes per word by default) would keep is [UNK] under a byte limit of 4 x 5."""
+    """keras-hub builds its WordPiece op where the hook takes over: kzoo's BertTokenizer splits a
+    word of 60 two-byte letters (within its `max_word_length` of 100 characters), which keras-hub's
+    own op (100 bytes a word) makes [UNK]."""
     import keras_hub
 
-    class Hooked(_compat.FastWordPieceHook, keras_hub.tokenizers.WordPieceTokenizer):
-        def fast_word_piece(self):
-            import tensorflow_text as tf_text
+    from kzoo.models.hf_tokenizer import BertTokenizer
 
-            return tf_text.FastWordpieceTokenizer(
-                vocab=self.vocabulary,
-                token_out_type=self.compute_dtype,
-                suffix_indicator=self.suffix_indicator,
-                unknown_token=self.oov_token,
-                max_bytes_per_word=20,
-                no_pretokenization=True,
-                support_detokenization=True,
-            )
-
-    vocabulary = ["[PAD]", "[UNK]", "a", "##a"]
-    word = "a" * 30
-    tf_ops = dict(_allow_python_workflow=False)  # as kzoo's BertTokenizer: the TensorFlow op, also eagerly
-    assert keras_hub.tokenizers.WordPieceTokenizer(vocabulary, **tf_ops)(word).numpy().tolist() == [2] + [3] * 29
-    hooked = Hooked(vocabulary, **tf_ops)(word).numpy().tolist()
-    assert hooked == [1], f"_compat.FastWordPieceHook: keras-hub did not call the hook ({hooked})"
+    vocabulary = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "ж", "##ж"]
+    word = "ж" * 60
+    plain = keras_hub.tokenizers.WordPieceTokenizer(vocabulary, lowercase=False, _allow_python_workflow=False)
+    assert plain(word).numpy().tolist() == [1]
+    hooked = BertTokenizer(vocabulary, lowercase=False)(word).tolist()
+    assert hooked == [5] + [6] * 59, f"_compat.FastWordPieceHook: keras-hub did not call the hook ({hooked})"
