@@ -29,6 +29,7 @@ import pytest
 import tensorflow as tf
 
 import kzoo
+import kzoo._moved
 import kzoo.data
 import kzoo.training
 import kzoo.visualization
@@ -38,6 +39,12 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 DOCTEST_MODULES = [
     "kzoo",
     "kzoo._compat",
+    "kzoo._moved",
+    "kzoo.checkpoints",
+    "kzoo.checkpoints.errors",
+    "kzoo.checkpoints.families",
+    "kzoo.checkpoints.gguf",
+    "kzoo.checkpoints.hf",
     "kzoo.config",
     "kzoo.data",
     "kzoo.data.builders",
@@ -84,7 +91,6 @@ DOCTEST_MODULES = [
     "kzoo.models.decoder.decoder_backbone",
     "kzoo.models.decoder.decoder_hf",
     "kzoo.models.decoder.decoder_presets",
-    "kzoo.models.decoder.families",
     "kzoo.models.decoder.reply_logits",
     "kzoo.models.feed_forward",
     "kzoo.models.feed_forward.context_window",
@@ -130,6 +136,7 @@ DOCTEST_MODULES = [
     "kzoo.samplers.sampler",
     "kzoo.samplers.top_k_sampler",
     "kzoo.samplers.top_p_sampler",
+    "kzoo.tokenizers",
     "kzoo.training",
     "kzoo.training.backup_and_restore",
     "kzoo.training.callbacks",
@@ -175,7 +182,9 @@ def in_docs_dir(docs_dir, monkeypatch):
 
 
 def test_every_module_is_listed():
+    """Every module but the old paths of moved ones (kzoo._moved), which hold no docstring examples."""
     names = {"kzoo"} | {info.name for info in pkgutil.walk_packages(kzoo.__path__, "kzoo.")}
+    names -= set(kzoo._moved.MOVED)
     assert not set(DOCTEST_MODULES) & set(TO_ADD)
     assert sorted(names - set(DOCTEST_MODULES) - set(TO_ADD)) == []
     assert sorted(set(DOCTEST_MODULES) | set(TO_ADD)) == sorted(names)

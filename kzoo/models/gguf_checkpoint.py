@@ -45,8 +45,8 @@ import gguf
 import numpy as np
 
 from kzoo import files
+from kzoo.checkpoints import families
 from kzoo.models import hf_checkpoint
-from kzoo.models.decoder import families
 from kzoo.models.hf_checkpoint import CheckpointError
 
 SUPPORTED_ARCHITECTURES = tuple(families.gguf_architectures())
@@ -87,7 +87,7 @@ _BLOCK = re.compile(r"blk\.(\d+)\.")
 
 
 # GGUF architecture -> the family it reads as, and Hugging Face model_type -> the family written;
-# each family's GGUF layout is its record's `gguf` (`kzoo.models.decoder.families`).
+# each family's GGUF layout is its record's `gguf` (`kzoo.checkpoints.families`).
 _ARCHITECTURES = families.gguf_architectures()
 _WRITTEN = families.written_as_gguf()
 # What llama.cpp's Gemma 3 fixes (the record's `gguf.fixed`).

@@ -36,9 +36,9 @@ import numpy as np
 import tokenizers
 from tokenizers import pre_tokenizers
 
+from kzoo.checkpoints import families
 from kzoo.models import bpe_pipelines
 from kzoo.models.chat_template import end_of_turn_token
-from kzoo.models.decoder import families
 from kzoo.models.hf_tokenizer import HFTokenizer
 
 MODEL = "tokenizer.ggml.model"

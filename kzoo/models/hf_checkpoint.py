@@ -37,6 +37,7 @@ import numpy as np
 
 from kzoo import _compat
 from kzoo import files
+from kzoo.checkpoints.errors import CheckpointError
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -50,10 +51,6 @@ _SIZE_SLACK = 0.05
 _MIN_SIZE_SLACK = 2**20
 
 FAMILIES = {}
-
-
-class CheckpointError(ValueError):
-    """A checkpoint kzoo cannot read or write; the message names the file and the tensor or field."""
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -1,6 +1,6 @@
 """Every model family's SavedModel and float32 TFLite file against its Keras model.
 
-The families are kzoo's own models and every decoder family (`kzoo.models.decoder.families`); GPT
+The families are kzoo's own models and every decoder family (`kzoo.checkpoints.families`); GPT
 stands for the decoders by default, the decoder families run with KZOO_SLOW=1.
 
 The exporter verifies itself; these tests check its files again, independently, on other
@@ -13,8 +13,8 @@ import pytest
 import tensorflow as tf
 
 from kzoo import export
+from kzoo.checkpoints.families import FAMILIES as DECODER_FAMILIES
 from kzoo.export.serving_signatures import input_names
-from kzoo.models.decoder.families import FAMILIES as DECODER_FAMILIES
 from tests.export.tiny_models import MAX_LENGTH
 from tests.export.tiny_models import build
 from tests.export.tiny_models import inputs

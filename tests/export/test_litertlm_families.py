@@ -3,7 +3,7 @@ loaded into kzoo and exported through the one serving interface, gives in Google
 greedy text of Keras and of `transformers` itself.
 
 The families are GPT-2 and every decoder family kzoo writes (`hf_folders.DECODERS`, from the records
-of `kzoo.models.decoder.families`). The default run exports Gemma 3 (sliding-window layers with a
+of `kzoo.checkpoints.families`). The default run exports Gemma 3 (sliding-window layers with a
 window of 4 in a 64-slot cache, two RoPE bases, QK-norm, four norms per block); the other families
 run with KZOO_SLOW=1.
 """
@@ -15,8 +15,8 @@ import torch
 from kzoo import data
 from kzoo import export
 from kzoo import models
+from kzoo.checkpoints.families import text_families
 from kzoo.export import litertlm_model
-from kzoo.models.decoder.families import text_families
 from tests.models import hf_folders
 
 CACHE_LENGTH = 64

@@ -4,7 +4,7 @@ import keras
 import numpy as np
 
 from kzoo import models
-from kzoo.models.decoder.families import FAMILIES
+from kzoo.checkpoints.families import FAMILIES
 from tests.models.tiny_models import decoder_backbone
 
 VOCABULARY_SIZE = 64

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kzoo.models.decoder.families import text_families
+from kzoo.checkpoints.families import text_families
 
 # A small WordPiece vocabulary: BERT's special tokens, some words, pieces and characters.
 WORDS = (

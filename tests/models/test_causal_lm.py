@@ -1,5 +1,5 @@
 """The causal-LM contract, run by every decoder family (`tiny_models.DECODERS`: GPT-2 and every
-record of `kzoo.models.decoder.families`).
+record of `kzoo.checkpoints.families`).
 
 A family adds its record and passes these: its outputs never depend on later tokens or on
 padding, the cached steps give the full pass's logits, ragged prompts in one batch give what each

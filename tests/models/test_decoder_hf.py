@@ -16,8 +16,8 @@ import torch
 import transformers
 
 import kzoo
+from kzoo.checkpoints import families
 from kzoo.models import hf_checkpoint
-from kzoo.models.decoder import families
 from kzoo.models.hf_checkpoint import CheckpointError
 from tests.models import hf_folders
 

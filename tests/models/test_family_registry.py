@@ -1,14 +1,14 @@
-"""A new decoder family is one record in `kzoo.models.decoder.families`: every reader, writer and
+"""A new decoder family is one record in `kzoo.checkpoints.families`: every reader, writer and
 test suite takes its families from there, so adding a record adds the family everywhere."""
 
 import pytest
 import transformers
 
+from kzoo.checkpoints import families
+from kzoo.checkpoints.families import FAMILIES
 from kzoo.models import gguf_checkpoint
 from kzoo.models import gguf_tokenizer
 from kzoo.models import hf_checkpoint
-from kzoo.models.decoder import families
-from kzoo.models.decoder.families import FAMILIES
 
 
 def parameters(module, test):

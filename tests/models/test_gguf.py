@@ -25,8 +25,8 @@ from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS
 from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
 from kzoo import files
+from kzoo.checkpoints.families import written_as_gguf
 from kzoo.models import gguf_checkpoint
-from kzoo.models.decoder.families import written_as_gguf
 from kzoo.models.gguf_checkpoint import GGUFCheckpoint
 from kzoo.models.gguf_checkpoint import write_gguf
 from kzoo.models.hf_checkpoint import CheckpointError

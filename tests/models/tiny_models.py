@@ -5,8 +5,8 @@ import functools
 import numpy as np
 
 from kzoo import models
+from kzoo.checkpoints.families import FAMILIES
 from kzoo.models.decoder import decoder_hf
-from kzoo.models.decoder.families import FAMILIES
 from kzoo.models.hf_checkpoint import ConfigReader
 
 VOCABULARY_SIZE = 40
@@ -84,7 +84,7 @@ def task_batch(name, seed=0, **backbone_overrides):
     raise ValueError(name)
 
 
-# One tiny backbone per decoder family: GPT-2's, and every record of `kzoo.models.decoder.families`
+# One tiny backbone per decoder family: GPT-2's, and every record of `kzoo.checkpoints.families`
 # read from its tiny Hugging Face config (`Family.tiny.hf`, at these sizes) as a checkpoint is, so
 # that each has the settings that make it that family; the shared causal-LM tests
 # (tests/models/test_causal_lm.py) run every one. Each ties its output head to the embeddings, as a

@@ -6,7 +6,7 @@ Qwen3, Gemma, Gemma 2, Gemma 3 and Phi-3 name their tensors alike (`model.layers
 `k_norm` (Qwen3, Gemma 3), and Gemma 2/3's four norms per block, whose
 `post_attention_layernorm` follows the attention where the others' precedes the MLP. What
 differs is each `model_type`'s config: its fields, their defaults, and the settings fixed by the
-architecture (the family's record in `kzoo.models.decoder.families`). `transformers` stores
+architecture (the family's record in `kzoo.checkpoints.families`). `transformers` stores
 `nn.Linear` weights as `(out, in)`, the transpose of a Keras kernel; kzoo keeps the attention
 projections per head, a reshape.
 
@@ -21,9 +21,9 @@ import functools
 import inspect
 import re
 
+from kzoo.checkpoints import families
 from kzoo.layers.rotary_embedding import check_rope_scaling
 from kzoo.models import hf_checkpoint
-from kzoo.models.decoder import families
 from kzoo.models.decoder.decoder_backbone import FULL_ATTENTION
 from kzoo.models.decoder.decoder_backbone import SLIDING_ATTENTION
 from kzoo.models.decoder.decoder_backbone import DecoderBackbone

@@ -1,0 +1,1 @@
+"""GGUF files (llama.cpp's format): reading, writing and their tokenizer fields."""

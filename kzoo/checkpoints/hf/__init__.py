@@ -1,0 +1,1 @@
+"""Hugging Face folders: safetensors weights, config.json and the tokenizer files."""
