@@ -40,7 +40,7 @@ import kzoo  # noqa: E402
 import kzoo.data  # noqa: E402
 from benchmarks.common import report  # noqa: E402
 from benchmarks.common import wait_for_quiet  # noqa: E402
-from kzoo.models import hf_tokenizer  # noqa: E402
+from kzoo.checkpoints.hf import tokenizer_files  # noqa: E402
 
 BATCH_SIZE = 32
 PADDED_LENGTH = 48
@@ -119,7 +119,7 @@ def main():
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
-    tokenizer = hf_tokenizer.load_tokenizer(minilm_dir())
+    tokenizer = tokenizer_files.load_tokenizer(minilm_dir())
     data = {bucketed: sample_batches(tokenizer, args.batches, bucketed, args.tfds_dir) for bucketed in (False, True)}
     cases = {
         "keras_hub_padded_48": (keras_hub_model, False),

@@ -12,6 +12,35 @@ import warnings
 
 MOVED = {
     "kzoo.models.decoder.families": ("kzoo.checkpoints.families",),
+    "kzoo.data.characters": ("kzoo.tokenizers.characters",),
+    "kzoo.data.tokenizers": ("kzoo.tokenizers.word_piece",),
+    "kzoo.data.tokenizer_json": ("kzoo.tokenizers.tokenizer_json",),
+    "kzoo.models.bpe_pipelines": ("kzoo.tokenizers.byte_pair",),
+    "kzoo.models.chat_template": ("kzoo.tokenizers.chat_template",),
+    "kzoo.models.text_inputs": ("kzoo.tokenizers.packing",),
+    "kzoo.models.hf_tokenizer": (
+        "kzoo.tokenizers.bert",
+        "kzoo.tokenizers.hugging_face",
+        "kzoo.checkpoints.hf.tokenizer_files",
+    ),
+    "kzoo.models.gguf_tokenizer": ("kzoo.checkpoints.gguf.tokenizer",),
+    "kzoo.models.hf_checkpoint": (
+        "kzoo.checkpoints.errors",
+        "kzoo.checkpoints.tensor_maps",
+        "kzoo.checkpoints.hf.safetensors",
+        "kzoo.checkpoints.hf.load",
+        "kzoo.checkpoints.hf.save",
+    ),
+    "kzoo.models.gguf_checkpoint": (
+        "kzoo.checkpoints.errors",
+        "kzoo.checkpoints.gguf.reader",
+        "kzoo.checkpoints.gguf.writer",
+        "kzoo.checkpoints.gguf.layout",
+        "kzoo.checkpoints.gguf.quantization",
+        "kzoo.checkpoints.gguf.header",
+    ),
+    "kzoo.models.keras_hub_weights": ("kzoo.checkpoints.keras_hub",),
+    "kzoo.export.tflite_conversion": ("kzoo.export.tflite.convert", "kzoo.export.tflite.graph_passes"),
 }
 
 

@@ -73,8 +73,9 @@ import kzoo.files  # noqa: E402
 import kzoo.training  # noqa: E402
 import kzoo.training.run  # noqa: E402
 from kzoo import _compat  # noqa: E402
-from kzoo.models import hf_tokenizer  # noqa: E402
-from kzoo.models import text_inputs  # noqa: E402
+from kzoo.checkpoints.hf import load as hf_load  # noqa: E402
+from kzoo.checkpoints.hf import tokenizer_files  # noqa: E402
+from kzoo.tokenizers import packing  # noqa: E402
 
 # The run files: see `kzoo.training.run`.
 METRICS_FILE = kzoo.training.METRICS_FILE
@@ -342,9 +343,9 @@ def load_checkpoint(args, run, backbone_cls):
     folder = checkpoint_dir(args)
     try:
         with run.scope():
-            if kzoo.models.hf_checkpoint.is_hf_folder(folder):
+            if hf_load.is_hf_folder(folder):
                 backbone = backbone_cls.from_preset(str(folder))
-                return backbone, hf_tokenizer.load_tokenizer(folder, vocabulary_size=backbone.vocabulary_size)
+                return backbone, tokenizer_files.load_tokenizer(folder, vocabulary_size=backbone.vocabulary_size)
             model = keras.saving.load_model(folder / MODEL_FILE, compile=False)
         tokenizer = getattr(model, "tokenizer", None) or kzoo.data.load_tokenizer(folder)
     except (OSError, ValueError) as error:
@@ -360,8 +361,8 @@ def load_checkpoint(args, run, backbone_cls):
 def bert_special_ids(tokenizer):
     """The `start_token_id` / `end_token_id` of BERT batches: the tokenizer's [CLS] and [SEP]."""
     return {
-        "start_token_id": text_inputs.special_token_id(tokenizer, "cls_token"),
-        "end_token_id": text_inputs.special_token_id(tokenizer, "sep_token"),
+        "start_token_id": packing.special_token_id(tokenizer, "cls_token"),
+        "end_token_id": packing.special_token_id(tokenizer, "sep_token"),
     }
 
 

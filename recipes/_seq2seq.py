@@ -10,8 +10,8 @@ import numpy as np
 
 import kzoo
 import kzoo.data
-from kzoo.data.tokenizers import BOS_ID
-from kzoo.data.tokenizers import EOS_ID
+from kzoo.tokenizers.word_piece import BOS_ID
+from kzoo.tokenizers.word_piece import EOS_ID
 
 DEFAULTS = dict(
     preset="transformer_tiny",

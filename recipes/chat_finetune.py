@@ -55,14 +55,14 @@ import numpy as np
 import kzoo
 import kzoo.data
 from kzoo import files
-from kzoo.models import chat_template
-from kzoo.models import hf_checkpoint
-from kzoo.models import hf_tokenizer
+from kzoo.checkpoints.hf import load as hf_load
+from kzoo.checkpoints.hf import tokenizer_files
 from kzoo.models import presets
 from kzoo.models.decoder.reply_logits import ReplyLogits
 from kzoo.models.decoder.reply_logits import chat_examples
 from kzoo.models.decoder.reply_logits import reply_batches
 from kzoo.models.decoder.reply_logits import reply_inputs
+from kzoo.tokenizers import chat_template
 
 SMOLLM2 = "smollm2_135m_instruct"
 TASKS = ("sentiment", "translate")
@@ -288,11 +288,11 @@ def checkpoint_tokenizer(name):
     entry = presets.PRESETS.get(name)
     path = presets.packaged_checkpoint(name) if entry is not None and "weights" in entry else str(name)
     if path.endswith(".gguf"):
-        from kzoo.models.gguf_checkpoint import GGUFCheckpoint
+        from kzoo.checkpoints.gguf.reader import GGUFCheckpoint
 
         return GGUFCheckpoint(path).tokenizer()
-    if hf_checkpoint.is_hf_folder(path):
-        tokenizer = hf_tokenizer.load_tokenizer(path)
+    if hf_load.is_hf_folder(path):
+        tokenizer = tokenizer_files.load_tokenizer(path)
         if tokenizer is not None:
             return tokenizer
     raise ValueError(

@@ -26,7 +26,7 @@ the default, 64, that is about 0.2% of the training pairs). To use the model lat
     lm = keras.saving.load_model("runs/gpt_translate/model.keras", compile=False)  # after `import kzoo`
     tokenizer = lm.tokenizer  # the model carries it
     prompts = kzoo.data.conditional_lm_prompts(["I like cats."], tokenizer, 64)
-    ids = lm.generate(prompts, stop_token_ids=[kzoo.data.tokenizers.EOS_ID])
+    ids = lm.generate(prompts, stop_token_ids=[kzoo.tokenizers.word_piece.EOS_ID])
     print(tokenizer.detokenize(ids[0][len(prompts[0]) : -1]))  # without the prompt and [EOS]
 
 On device, in Google's LiteRT-LM runtime: export the model as a `.litertlm` bundle (its
@@ -44,7 +44,7 @@ import _seq2seq
 
 import kzoo
 import kzoo.data
-from kzoo.data.tokenizers import EOS_ID
+from kzoo.tokenizers.word_piece import EOS_ID
 
 DEFAULTS = dict(
     _seq2seq.DEFAULTS,

@@ -24,7 +24,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import kzoo  # noqa: E402
 from benchmarks import peers  # noqa: E402
 from benchmarks.common import report  # noqa: E402
-from kzoo.models import text_inputs  # noqa: E402
+from kzoo.tokenizers import packing  # noqa: E402
 
 CHAT = "What is the capital of France? Answer in one sentence."
 PLAIN = ["The three primary colors are", "def fibonacci(n):\n"]
@@ -35,7 +35,7 @@ def prompts(lm):
     chat = lm.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     return {
         "chat": [int(token) for token in chat],
-        **{text: text_inputs.prompt_ids(lm.tokenizer, text) for text in PLAIN},
+        **{text: packing.prompt_ids(lm.tokenizer, text) for text in PLAIN},
     }
 
 

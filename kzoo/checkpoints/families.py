@@ -4,8 +4,8 @@ A `Family` holds how the family's Hugging Face config reads into a `DecoderBackb
 settings the architecture fixes and the conventions of its fields), how its tensors are named
 in Hugging Face's and llama.cpp's layouts, how llama.cpp names its architecture and what that
 means for a GGUF vocabulary, and a tiny random model of it for the tests. `FAMILIES` maps each
-`model_type` to its record; the readers and writers (`decoder_hf`, `gguf_checkpoint`,
-`gguf_tokenizer`) and every test suite read it, so a new family is one record here.
+`model_type` to its record; the readers and writers (`decoder_hf`, `kzoo.checkpoints.gguf`,
+`kzoo.checkpoints.gguf.tokenizer`) and every test suite read it, so a new family is one record here.
 
 This module is plain data: it imports no Keras model code, so checkpoint readers below the
 models import it without a cycle.
@@ -106,8 +106,8 @@ class Family:
         ignored_prefixes: tensors kzoo does not read (a vision tower).
         gguf_architecture: llama.cpp's `general.architecture` for the family, or None.
         gguf: how kzoo reads and writes the family as GGUF (`GGUFLayout`), or None where it does not.
-        gemma_vocabulary: a GGUF "llama" (SentencePiece) vocabulary of this architecture splits as
-            Gemma's and has Gemma's `<mask>` token.
+        gemma_vocabulary: a SentencePiece vocabulary of this family (a GGUF "llama" one, or a
+            folder's `tokenizer.model`) splits as Gemma's (GGUF: and has Gemma's `<mask>` token).
     """
 
     model_type: str

@@ -3,7 +3,7 @@
 - `load(name, split)`: a kzoo corpus (`BUILDERS`, read offline from `recipes/data`) or any
   tensorflow-datasets catalog dataset, as a `tf.data.Dataset`.
 - `kzoo.data.corpora`: the same corpora as plain Python splits (`read_spa_eng`, ...).
-- `kzoo.data.tokenizers`: keras-hub character and WordPiece tokenizers, kzoo's special tokens.
+- kzoo's character and WordPiece tokenizers and its special tokens, from `kzoo.tokenizers`.
 - `kzoo.data.pipelines`: batches for language modelling, masked LM, classification, tagging,
   seq2seq and conditional (decoder-only) translation.
 
@@ -18,7 +18,6 @@ Preparing kzoo_sentiment_sentences from its corpus files into tfds/kzoo_sentimen
 
 from kzoo.data.builders import BUILDERS
 from kzoo.data.builders import load
-from kzoo.data.characters import CharacterTokenizer
 from kzoo.data.corpora import corpus_dir
 from kzoo.data.corpora import seeded_split
 from kzoo.data.pipelines import classification_batches
@@ -29,9 +28,10 @@ from kzoo.data.pipelines import masked_lm_batches
 from kzoo.data.pipelines import seq2seq_batches
 from kzoo.data.pipelines import tagging_batches
 from kzoo.data.readers import DataFileError
-from kzoo.data.tokenizers import SPECIAL_TOKENS
-from kzoo.data.tokenizers import character_tokenizer
-from kzoo.data.tokenizers import load_tokenizer
-from kzoo.data.tokenizers import save_tokenizer
-from kzoo.data.tokenizers import train_word_piece_vocabulary
-from kzoo.data.tokenizers import word_piece_tokenizer
+from kzoo.tokenizers.characters import CharacterTokenizer
+from kzoo.tokenizers.word_piece import SPECIAL_TOKENS
+from kzoo.tokenizers.word_piece import character_tokenizer
+from kzoo.tokenizers.word_piece import load_tokenizer
+from kzoo.tokenizers.word_piece import save_tokenizer
+from kzoo.tokenizers.word_piece import train_word_piece_vocabulary
+from kzoo.tokenizers.word_piece import word_piece_tokenizer

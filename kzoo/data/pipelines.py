@@ -3,7 +3,7 @@
 A tokenizer is any callable mapping a string tensor of shape `[n]` to token ids of shape
 `[n, None]`, ragged, or dense with trailing padding 0 (every keras-hub tokenizer does this); the
 pipelines call it inside tf.data. The padding id is 0 (`PAD_ID`); the start, end, separator and
-mask ids default to kzoo's WordPiece layout (see `kzoo.data.tokenizers`); pass others for
+mask ids default to kzoo's WordPiece layout (see `kzoo.tokenizers.word_piece`); pass others for
 another vocabulary. Sequences longer than `sequence_length` are truncated.
 
 The text pipelines tokenize in parallel with the order kept, cache the tokenized examples in
@@ -20,12 +20,12 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 
 from kzoo import _compat
-from kzoo.data.tokenizers import BOS_ID
-from kzoo.data.tokenizers import CLS_ID
-from kzoo.data.tokenizers import EOS_ID
-from kzoo.data.tokenizers import MASK_ID
-from kzoo.data.tokenizers import PAD_ID
-from kzoo.data.tokenizers import SEP_ID
+from kzoo.tokenizers.word_piece import BOS_ID
+from kzoo.tokenizers.word_piece import CLS_ID
+from kzoo.tokenizers.word_piece import EOS_ID
+from kzoo.tokenizers.word_piece import MASK_ID
+from kzoo.tokenizers.word_piece import PAD_ID
+from kzoo.tokenizers.word_piece import SEP_ID
 
 _AUTOTUNE = tf.data.AUTOTUNE
 _BERT_INPUTS = ("token_ids", "segment_ids", "padding_mask")

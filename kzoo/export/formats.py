@@ -24,10 +24,10 @@ from kzoo.export import verification
 from kzoo.export.litert_model import LiteRTModel
 from kzoo.export.litert_model import median_ms
 from kzoo.export.serving_signatures import RECURRENT
-from kzoo.export.tflite_conversion import TFLITE_FORMATS
-from kzoo.export.tflite_conversion import activation_types
-from kzoo.export.tflite_conversion import convert
-from kzoo.export.tflite_conversion import op_census
+from kzoo.export.tflite.convert import TFLITE_FORMATS
+from kzoo.export.tflite.convert import convert
+from kzoo.export.tflite.graph_passes import activation_types
+from kzoo.export.tflite.graph_passes import op_census
 
 # LiteRT's Python interpreter defaults to 1 thread; kzoo measures with 2.
 LITERT_THREADS = 2
@@ -202,7 +202,7 @@ class LiteRTLMBundle(Format):
                 "(kzoo.data.save_tokenizer) or pass tokenizer_dir"
             )
         else:
-            from kzoo.data.tokenizer_json import hugging_face_tokenizer
+            from kzoo.tokenizers.tokenizer_json import hugging_face_tokenizer
 
             try:
                 hugging_face_tokenizer(context.tokenizer)

@@ -72,19 +72,19 @@ def classifier_special_ids(tokenizer):
     """The `[CLS]` and `[SEP]` ids a classifier's text is wrapped in, from the tokenizer (a
     Hugging Face vocabulary has them at 101 and 102); `(None, None)` for a tokenizer without
     them (a character tokenizer), whose text is not wrapped."""
-    from kzoo.models import text_inputs
+    from kzoo.tokenizers import packing
 
     try:
-        return tuple(text_inputs.special_token_id(tokenizer, name) for name in ("cls_token", "sep_token"))
+        return tuple(packing.special_token_id(tokenizer, name) for name in ("cls_token", "sep_token"))
     except ValueError:
         return None, None
 
 
 def seq2seq_special_ids(tokenizer):
     """The `[BOS]` a seq2seq decoder starts from and the `[EOS]` it stops at, from the tokenizer."""
-    from kzoo.models import text_inputs
+    from kzoo.tokenizers import packing
 
-    return tuple(text_inputs.special_token_id(tokenizer, name) for name in ("bos_token", "eos_token"))
+    return tuple(packing.special_token_id(tokenizer, name) for name in ("bos_token", "eos_token"))
 
 
 def check_cache_length(model, cache_length=None):

@@ -5,7 +5,7 @@ import keras
 import numpy as np
 
 from kzoo._compat import MultiWorkerTrainerMixin
-from kzoo.models import hf_checkpoint
+from kzoo.checkpoints.hf import save as hf_save
 from kzoo.models import presets
 from kzoo.models.backbone import add_quantization_config
 from kzoo.models.backbone import from_constructor_config
@@ -220,12 +220,12 @@ class Task(MultiWorkerTrainerMixin, keras.Model):
         Returns:
             A dict of int32 tensors `(B, T)`, T the longest row.
         """
-        from kzoo.models import text_inputs  # TensorFlow ops
+        from kzoo.tokenizers import packing  # TensorFlow ops
 
         if self.tokenizer is None:
             raise ValueError(f"This {type(self).__name__} has no tokenizer; pass `tokenizer=` or give token ids.")
-        text_inputs.check_text(texts, "texts")
-        return text_inputs.pack(self.backbone, self.tokenizer, texts)
+        packing.check_text(texts, "texts")
+        return packing.pack(self.backbone, self.tokenizer, texts)
 
     def predictions_from_outputs(self, outputs):
         """What `predict` returns for raw strings, from the model's outputs (the outputs
@@ -239,12 +239,12 @@ class Task(MultiWorkerTrainerMixin, keras.Model):
         checked first (also in `fit` and `evaluate`): they must be integers in the
         vocabulary, and there must be rows. Out of the vocabulary, compiled code (XLA)
         would give NaN rows rather than an error."""
-        from kzoo.models import text_inputs
+        from kzoo.tokenizers import packing
 
-        if not text_inputs.is_text(x):
+        if not packing.is_text(x):
             self._check_host_inputs(x, "predict")
             return super().predict(x, *args, **kwargs)
-        text_inputs.check_text(x, "x")
+        packing.check_text(x, "x")
         outputs = super().predict({k: v.numpy() for k, v in self.preprocess(x).items()}, *args, **kwargs)
         return self.predictions_from_outputs(outputs)
 
@@ -280,7 +280,7 @@ class Task(MultiWorkerTrainerMixin, keras.Model):
         >>> sorted(os.listdir("bert_classifier"))
         ['config.json', 'model.safetensors']
         """
-        hf_checkpoint.export_to_transformers(self, path)
+        hf_save.export_to_transformers(self, path)
 
     def get_config(self):
         # Not chained to keras.Model: a task is rebuilt from its constructor
@@ -299,8 +299,9 @@ class Task(MultiWorkerTrainerMixin, keras.Model):
             # Registers kzoo's tokenizer classes (and imports keras-hub) only when needed, so that
             # a file reloads with `import kzoo` alone: the Hugging Face ones and the recipes'
             # character tokenizer.
-            from kzoo.data import characters  # noqa: F401
-            from kzoo.models import hf_tokenizer  # noqa: F401
+            from kzoo.tokenizers import bert  # noqa: F401
+            from kzoo.tokenizers import characters  # noqa: F401
+            from kzoo.tokenizers import hugging_face  # noqa: F401
 
             # The vocabulary comes after, from the file's assets (`load_assets`).
             config["tokenizer"] = keras.layers.deserialize(config["tokenizer"])

@@ -8,13 +8,14 @@ Reads `BertModel` and the sentence-transformers layout (no prefix), `BertForMask
 are kept per head in kzoo (`(d, heads, head_dim)`), a reshape of the same numbers.
 """
 
-from kzoo.models import hf_checkpoint
+from kzoo.checkpoints import tensor_maps
+from kzoo.checkpoints.errors import CheckpointError
+from kzoo.checkpoints.tensor_maps import Family
+from kzoo.checkpoints.tensor_maps import Head
+from kzoo.checkpoints.tensor_maps import embedding
+from kzoo.checkpoints.tensor_maps import linear
+from kzoo.checkpoints.tensor_maps import norm
 from kzoo.models.bert.bert_backbone import BertBackbone
-from kzoo.models.hf_checkpoint import Family
-from kzoo.models.hf_checkpoint import Head
-from kzoo.models.hf_checkpoint import embedding
-from kzoo.models.hf_checkpoint import linear
-from kzoo.models.hf_checkpoint import norm
 
 # `hidden_act` values -> kzoo activations. "gelu" is the exact (erf) GELU, as transformers runs it.
 ACTIVATIONS = {
@@ -37,7 +38,7 @@ def backbone_config(config, read):
     read.choice("add_cross_attention", [False], False)
     hidden_dim, num_heads = read.int("hidden_size"), read.int("num_attention_heads")
     if hidden_dim % num_heads:
-        raise hf_checkpoint.CheckpointError(
+        raise CheckpointError(
             f"{read.source} field 'num_attention_heads' ({num_heads}) must divide 'hidden_size' ({hidden_dim})."
         )
     return {
@@ -57,7 +58,7 @@ def backbone_config(config, read):
 def hf_config(backbone):
     """The `BertConfig` fields of a `BertBackbone`."""
     if backbone.activation not in HF_ACTIVATIONS:
-        raise hf_checkpoint.CheckpointError(
+        raise CheckpointError(
             f"BertBackbone activation {backbone.activation!r} has no transformers `hidden_act`; "
             f"writable: {sorted(HF_ACTIVATIONS)}."
         )
@@ -113,7 +114,7 @@ def _masked_lm_tensors(task):
     return [
         linear(task.transform_dense, "cls.predictions.transform.dense"),
         norm(task.transform_norm, "cls.predictions.transform.LayerNorm"),
-        hf_checkpoint.TensorMap((task.lm_head.bias,), ("cls.predictions.bias",), list, list),
+        tensor_maps.TensorMap((task.lm_head.bias,), ("cls.predictions.bias",), list, list),
     ]
 
 
@@ -131,12 +132,12 @@ def _labels(task):
 
 
 def _tokenizer(folder, config):
-    from kzoo.models import hf_tokenizer  # keras-hub's tokenizers: only when one is read
+    from kzoo.checkpoints.hf import tokenizer_files  # keras-hub's tokenizers: only when one is read
 
-    return hf_tokenizer.read_bert_tokenizer(folder)
+    return tokenizer_files.read_bert_tokenizer(folder)
 
 
-hf_checkpoint.register_family(
+tensor_maps.register_family(
     Family(
         model_type="bert",
         backbone_cls=BertBackbone,

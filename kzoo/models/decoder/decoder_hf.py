@@ -22,21 +22,21 @@ import inspect
 import re
 
 from kzoo.checkpoints import families
+from kzoo.checkpoints import tensor_maps
+from kzoo.checkpoints.errors import CheckpointError
+from kzoo.checkpoints.hf.load import ConfigReader
+from kzoo.checkpoints.tensor_maps import Family
+from kzoo.checkpoints.tensor_maps import Head
+from kzoo.checkpoints.tensor_maps import embedding
+from kzoo.checkpoints.tensor_maps import fused_linear
+from kzoo.checkpoints.tensor_maps import linear
+from kzoo.checkpoints.tensor_maps import norm
 from kzoo.layers.rotary_embedding import check_rope_scaling
-from kzoo.models import hf_checkpoint
 from kzoo.models.decoder.decoder_backbone import FULL_ATTENTION
 from kzoo.models.decoder.decoder_backbone import SLIDING_ATTENTION
 from kzoo.models.decoder.decoder_backbone import DecoderBackbone
 from kzoo.models.decoder.decoder_backbone import _check_layer_types
 from kzoo.models.decoder.decoder_backbone import _check_rope_parameters
-from kzoo.models.hf_checkpoint import CheckpointError
-from kzoo.models.hf_checkpoint import ConfigReader
-from kzoo.models.hf_checkpoint import Family
-from kzoo.models.hf_checkpoint import Head
-from kzoo.models.hf_checkpoint import embedding
-from kzoo.models.hf_checkpoint import fused_linear
-from kzoo.models.hf_checkpoint import linear
-from kzoo.models.hf_checkpoint import norm
 
 # `hidden_act` / `hidden_activation` values -> kzoo activations.
 ACTIVATIONS = {
@@ -377,9 +377,9 @@ def _lm_head_tensors(task):
 
 
 def _tokenizer(folder, config):
-    from kzoo.models import hf_tokenizer  # the tokenizers library: only when one is read
+    from kzoo.checkpoints.hf import tokenizer_files  # the tokenizers library: only when one is read
 
-    return hf_tokenizer.read_llama_tokenizer(folder)
+    return tokenizer_files.read_llama_tokenizer(folder)
 
 
 def _multimodal_config(backbone):
@@ -389,7 +389,7 @@ def _multimodal_config(backbone):
 def _register(family):
     prefix_pattern = "|".join(re.escape(prefix) for prefix in family.prefixes)
     model_type, multimodal = family.model_type, family.text_family is not None
-    hf_checkpoint.register_family(
+    tensor_maps.register_family(
         Family(
             model_type=model_type,
             backbone_cls=DecoderBackbone,

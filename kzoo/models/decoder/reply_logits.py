@@ -28,8 +28,8 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
-from kzoo.models import chat_template
 from kzoo.models.task import Task
+from kzoo.tokenizers import chat_template
 
 
 @keras.saving.register_keras_serializable(package="kzoo")
@@ -92,7 +92,7 @@ def chat_examples(tokenizer, conversations, replies):
     Raises:
         ValueError: the chat template closes a reply with no token of its own, or does not
             write a conversation as its prompt followed by the reply and that token.
-        kzoo.models.chat_template.ChatTemplateError: the chat template does not render a
+        kzoo.tokenizers.chat_template.ChatTemplateError: the chat template does not render a
             conversation (or goes over its bounds), naming its file.
     """
     answered = [[*messages, {"role": "assistant", "content": reply}] for messages, reply in zip(conversations, replies)]

@@ -6,14 +6,15 @@ Keras kernel does, and `c_attn` holds the query, key and value projections side 
 `(d, 3d)`, split into kzoo's three `(d, heads, head_dim)` kernels.
 """
 
-from kzoo.models import hf_checkpoint
+from kzoo.checkpoints import tensor_maps
+from kzoo.checkpoints.errors import CheckpointError
+from kzoo.checkpoints.tensor_maps import Family
+from kzoo.checkpoints.tensor_maps import Head
+from kzoo.checkpoints.tensor_maps import embedding
+from kzoo.checkpoints.tensor_maps import fused_linear
+from kzoo.checkpoints.tensor_maps import linear
+from kzoo.checkpoints.tensor_maps import norm
 from kzoo.models.gpt.gpt_backbone import GPTBackbone
-from kzoo.models.hf_checkpoint import Family
-from kzoo.models.hf_checkpoint import Head
-from kzoo.models.hf_checkpoint import embedding
-from kzoo.models.hf_checkpoint import fused_linear
-from kzoo.models.hf_checkpoint import linear
-from kzoo.models.hf_checkpoint import norm
 
 # `activation_function` values -> kzoo activations ("gelu_new" is GPT-2's tanh GELU).
 ACTIVATIONS = {
@@ -41,9 +42,7 @@ def backbone_config(config, read):
         read.choice(key, [allowed], allowed)
     hidden_dim, num_heads = read.int("n_embd"), read.int("n_head")
     if hidden_dim % num_heads:
-        raise hf_checkpoint.CheckpointError(
-            f"{read.source} field 'n_head' ({num_heads}) must divide 'n_embd' ({hidden_dim})."
-        )
+        raise CheckpointError(f"{read.source} field 'n_head' ({num_heads}) must divide 'n_embd' ({hidden_dim}).")
     return {
         "vocabulary_size": read.int("vocab_size"),
         "num_layers": read.int("n_layer"),
@@ -60,7 +59,7 @@ def backbone_config(config, read):
 def hf_config(backbone):
     """The `GPT2Config` fields of a `GPTBackbone`."""
     if backbone.activation not in HF_ACTIVATIONS:
-        raise hf_checkpoint.CheckpointError(
+        raise CheckpointError(
             f"GPTBackbone activation {backbone.activation!r} has no transformers `activation_function`; "
             f"writable: {sorted(HF_ACTIVATIONS)}."
         )
@@ -105,12 +104,12 @@ def backbone_tensors(backbone):
 
 
 def _tokenizer(folder, config):
-    from kzoo.models import hf_tokenizer  # keras-hub's tokenizers: only when one is read
+    from kzoo.checkpoints.hf import tokenizer_files  # keras-hub's tokenizers: only when one is read
 
-    return hf_tokenizer.read_gpt2_tokenizer(folder)
+    return tokenizer_files.read_gpt2_tokenizer(folder)
 
 
-hf_checkpoint.register_family(
+tensor_maps.register_family(
     Family(
         model_type="gpt2",
         backbone_cls=GPTBackbone,
