@@ -24,7 +24,8 @@ def wheel(folder, name, version, members):
         for member, data in members.items():
             archive.writestr(f"{package}/{member}", data)
         archive.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
-        archive.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        wheel_file = "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        archive.writestr(f"{info}/WHEEL", wheel_file)
         archive.writestr(f"{info}/RECORD", "")
 
 
