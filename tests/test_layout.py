@@ -27,7 +27,7 @@ ABOVE = {
 }
 
 # Packages whose modules are still moving (issue 40): expected to fail until then, and to pass after.
-PENDING = {"kzoo.data"}
+PENDING = set()
 
 
 def module_name(path):
@@ -83,10 +83,10 @@ def test_old_paths_answer_from_the_new_home(old):
         public = [name for name in vars(home) if not name.startswith("_")]
         assert public
         for name in public:
-            with pytest.warns(DeprecationWarning, match=rf"{old}\.{name} moved to {new}"):
-                value = getattr(module, name)
             # A name two homes share is answered by the first, as `from old import name` did.
             first = next(m for m in _moved.MOVED[old] if hasattr(importlib.import_module(m), name))
+            with pytest.warns(DeprecationWarning, match=rf"{old}\.{name} moved to {first}\.{name};"):
+                value = getattr(module, name)
             assert value is getattr(importlib.import_module(first), name)
     with pytest.raises(AttributeError, match="moved to"):
         module.no_such_name
