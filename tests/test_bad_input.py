@@ -24,6 +24,7 @@ import tensorflow as tf
 import kzoo
 import kzoo.data
 from kzoo import export
+from kzoo.export.tflite.convert import convert
 from kzoo.files import remove_stale_staging
 from tests.export.tiny_models import build
 
@@ -83,11 +84,11 @@ class Files:
 
     def _make_chat_lm(self):
         """A Llama carrying a byte-level BPE with a ChatML template: `chat` takes messages."""
-        from kzoo.models import hf_tokenizer
+        from kzoo.checkpoints.hf import tokenizer_files as hf_tokenizer_files
         from tests.models import tokenizer_files
 
         folder = tokenizer_files.write_byte_level_folder(self.folder / "chatml", "smollm", CHATML)
-        tokenizer, _ = hf_tokenizer.read_tokenizer_json(folder)
+        tokenizer, _ = hf_tokenizer_files.read_tokenizer_json(folder)
         backbone = kzoo.models.DecoderBackbone.from_preset("llama_tiny", vocabulary_size=tokenizer.vocabulary_size())
         return kzoo.models.CausalLM(backbone, tokenizer=tokenizer)
 
@@ -99,7 +100,7 @@ class Files:
 
     def _make_tflite(self):
         path = self.folder / "gpt.tflite"
-        path.write_bytes(export.tflite_conversion.convert(export.ServingSignatures(self.gpt), "tflite_fp32"))
+        path.write_bytes(convert(export.ServingSignatures(self.gpt), "tflite_fp32"))
         return path
 
     def _make_truncated_tflite(self):

@@ -43,17 +43,27 @@ DOCTEST_MODULES = [
     "kzoo.checkpoints",
     "kzoo.checkpoints.errors",
     "kzoo.checkpoints.families",
+    "kzoo.checkpoints.fetch",
     "kzoo.checkpoints.gguf",
+    "kzoo.checkpoints.gguf.header",
+    "kzoo.checkpoints.gguf.layout",
+    "kzoo.checkpoints.gguf.quantization",
+    "kzoo.checkpoints.gguf.reader",
+    "kzoo.checkpoints.gguf.tokenizer",
+    "kzoo.checkpoints.gguf.writer",
     "kzoo.checkpoints.hf",
+    "kzoo.checkpoints.hf.load",
+    "kzoo.checkpoints.hf.safetensors",
+    "kzoo.checkpoints.hf.save",
+    "kzoo.checkpoints.hf.tokenizer_files",
+    "kzoo.checkpoints.keras_hub",
+    "kzoo.checkpoints.tensor_maps",
     "kzoo.config",
     "kzoo.data",
     "kzoo.data.builders",
-    "kzoo.data.characters",
     "kzoo.data.corpora",
     "kzoo.data.pipelines",
     "kzoo.data.readers",
-    "kzoo.data.tokenizer_json",
-    "kzoo.data.tokenizers",
     "kzoo.files",
     "kzoo.layers",
     "kzoo.layers._block",
@@ -83,8 +93,6 @@ DOCTEST_MODULES = [
     "kzoo.models.bert.bert_masked_lm",
     "kzoo.models.bert.bert_presets",
     "kzoo.models.bert.bert_token_classifier",
-    "kzoo.models.bpe_pipelines",
-    "kzoo.models.chat_template",
     "kzoo.models.cross_entropy",
     "kzoo.models.decoder",
     "kzoo.models.decoder.causal_lm",
@@ -96,16 +104,11 @@ DOCTEST_MODULES = [
     "kzoo.models.feed_forward.context_window",
     "kzoo.models.feed_forward.feed_forward_language_model",
     "kzoo.models.generation",
-    "kzoo.models.gguf_checkpoint",
-    "kzoo.models.gguf_tokenizer",
     "kzoo.models.gpt",
     "kzoo.models.gpt.gpt_backbone",
     "kzoo.models.gpt.gpt_causal_lm",
     "kzoo.models.gpt.gpt_hf",
     "kzoo.models.gpt.gpt_presets",
-    "kzoo.models.hf_checkpoint",
-    "kzoo.models.hf_tokenizer",
-    "kzoo.models.keras_hub_weights",
     "kzoo.models.multi_worker_trainer_mixin",
     "kzoo.models.perplexity",
     "kzoo.models.presets",
@@ -119,7 +122,6 @@ DOCTEST_MODULES = [
     "kzoo.models.seq2seq.seq2seq_presets",
     "kzoo.models.seq2seq.seq2seq_transformer",
     "kzoo.models.task",
-    "kzoo.models.text_inputs",
     "kzoo.models.tied_logits",
     "kzoo.ops",
     "kzoo.ops._fusion",
@@ -137,6 +139,14 @@ DOCTEST_MODULES = [
     "kzoo.samplers.top_k_sampler",
     "kzoo.samplers.top_p_sampler",
     "kzoo.tokenizers",
+    "kzoo.tokenizers.bert",
+    "kzoo.tokenizers.byte_pair",
+    "kzoo.tokenizers.characters",
+    "kzoo.tokenizers.chat_template",
+    "kzoo.tokenizers.hugging_face",
+    "kzoo.tokenizers.packing",
+    "kzoo.tokenizers.tokenizer_json",
+    "kzoo.tokenizers.word_piece",
     "kzoo.training",
     "kzoo.training.backup_and_restore",
     "kzoo.training.callbacks",
@@ -155,9 +165,15 @@ TO_ADD = [
     "kzoo.export.formats",
     "kzoo.export.litert_model",
     "kzoo.export.litertlm",
+    "kzoo.export.litertlm.bundle",
+    "kzoo.export.litertlm.signatures",
+    "kzoo.export.litertlm.verification",
     "kzoo.export.litertlm_model",
     "kzoo.export.serving_signatures",
-    "kzoo.export.tflite_conversion",
+    "kzoo.export.tflite",
+    "kzoo.export.tflite.convert",
+    "kzoo.export.tflite.graph_passes",
+    "kzoo.export.tflite.quantize",
     "kzoo.export.verification",
 ]
 
@@ -219,26 +235,27 @@ def _hf_bert_folder(path):
 
 def _review_batches(folder):
     """Batches of labelled reviews, tokenized with `folder`'s tokenizer, packed as BERT reads them."""
-    from kzoo.models import hf_tokenizer
-    from kzoo.models import text_inputs
+    from kzoo.checkpoints.hf import tokenizer_files
+    from kzoo.tokenizers import packing
 
-    tokenizer = hf_tokenizer.load_tokenizer(folder)
+    tokenizer = tokenizer_files.load_tokenizer(folder)
     reviews = tf.data.Dataset.from_tensor_slices((["a fine film", "a dull film"] * 4, [1, 0] * 4))
     special = {
-        "start_token_id": text_inputs.special_token_id(tokenizer, "cls_token"),
-        "end_token_id": text_inputs.special_token_id(tokenizer, "sep_token"),
+        "start_token_id": packing.special_token_id(tokenizer, "cls_token"),
+        "end_token_id": packing.special_token_id(tokenizer, "sep_token"),
     }
     return kzoo.data.classification_batches(reviews, tokenizer, 16, 4, **special)
 
 
 def _hf_qwen3_folder(path):
     """A tiny random Qwen3 with a Qwen2-style byte-level BPE and Qwen3's chat template."""
+    from kzoo.checkpoints.hf.tokenizer_files import load_tokenizer
     from tests.models import hf_folders
     from tests.models import tokenizer_files
 
     template = (REPOSITORY / "tests" / "models" / "data" / "chat_templates" / "qwen3.jinja").read_text(encoding="utf-8")
     tokenizer_files.write_byte_level_folder(Path(path), "qwen2", template)
-    size = len(kzoo.models.hf_tokenizer.load_tokenizer(path, {"model_type": "qwen3"}).get_vocabulary())
+    size = len(load_tokenizer(path, {"model_type": "qwen3"}).get_vocabulary())
     hf_folders.write_decoder(Path(path), "qwen3", vocab_size=size, max_position_embeddings=256)
 
 

@@ -38,6 +38,6 @@ from kzoo.export.litert_model import LiteRTModel
 from kzoo.export.litertlm import RuntimeSignatures
 from kzoo.export.litertlm_model import LiteRTLMModel
 from kzoo.export.serving_signatures import ServingSignatures
-from kzoo.export.tflite_conversion import TFLITE_FORMATS
+from kzoo.export.tflite.convert import TFLITE_FORMATS
 from kzoo.export.verification import FP32_TOLERANCE
 from kzoo.export.verification import QUALITY_BOUNDS

@@ -9,7 +9,7 @@ from ai_edge_litert.interpreter import Interpreter
 from kzoo import data
 from kzoo import models
 from kzoo.export import litertlm
-from kzoo.export import tflite_conversion
+from kzoo.export.tflite import graph_passes
 
 
 def counts(flatbuffer):
@@ -56,7 +56,7 @@ def test_identical_branches_are_stored_once_and_compute_the_same():
 
     converter = tf.lite.TFLiteConverter.from_concrete_functions([two_layers.get_concrete_function()], two_layers)
     original = converter.convert()
-    shared = tflite_conversion.shared_subgraphs(original)
+    shared = graph_passes.shared_subgraphs(original)
     assert counts(original) == (7, 3)
     assert counts(shared) == (4, 3)  # main, the softmax once, x * 2 once, x * 3
     x = np.array([0.5, -1.0, 2.0, 0.0], np.float32)

@@ -1,0 +1,205 @@
+"""A bundle checked in the LiteRT-LM runtime against its Keras model: `Bundles`."""
+
+import time
+
+import numpy as np
+
+from kzoo import logs
+from kzoo.export import litertlm_model
+from kzoo.export import verification
+from kzoo.export.litertlm.bundle import CONVERSIONS
+from kzoo.export.litertlm.bundle import llm_metadata
+from kzoo.export.litertlm.bundle import runtime_chat_template
+from kzoo.export.litertlm.bundle import write_bundle
+from kzoo.export.litertlm.signatures import RuntimeSignatures
+from kzoo.export.tflite.convert import convert
+from kzoo.export.tflite.graph_passes import op_census
+from kzoo.export.tflite.quantize import quantize
+
+
+class Bundles:
+    """The LiteRT-LM bundles of one model: `write` makes one and measures it in the runtime.
+
+    What they share is made once: the signatures, the tokenizer (`kzoo.tokenizers.tokenizer_json`)
+    and the Keras model's greedy texts. In LiteRT-LM, the runtime's tokenizer must give the
+    Keras tokenizer's ids for each prompt, and its greedy text (`top_k=1`) is compared with
+    Keras' greedy `generate` on a one-token prompt, a short one and one longer than the largest
+    prefill chunk where the cache allows; the next-token logits of the bundle's `decode`
+    signature over held-out rows are compared with Keras'. The caller decides which results
+    pass (`kzoo.export.formats.LiteRTLMBundle`).
+
+    Args:
+        model: a `GPTCausalLM` (a task with the serving interface and `generate`).
+        tokenizer: its keras-hub tokenizer (one `kzoo.tokenizers.tokenizer_json` writes).
+        token_ids: int `(N, T)`, held-out rows (T at least the cache length, or all of it).
+        logits: float `(N, T, V)`, the Keras model's logits for them.
+        targets: int `(N, T)`, the next tokens (or the Keras argmax for synthetic rows).
+        sample_weight: `(N, T)` or None.
+        cache_length: int, the bundles' `max_num_tokens`.
+        lengths: the prefill chunk lengths (`prefill_lengths`).
+        spans: the cache spans of the bundles' attention (`attention_spans`); None for none.
+        generate_tokens: int, new tokens per greedy check.
+        num_threads: int, the runtime's CPU threads.
+    """
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        token_ids,
+        logits,
+        targets,
+        sample_weight=None,
+        *,
+        cache_length,
+        lengths=None,
+        spans=None,
+        generate_tokens=32,
+        num_threads=2,
+    ):
+        from kzoo.tokenizers.tokenizer_json import hugging_face_tokenizer  # keras-hub, tokenizers: only here
+
+        self.exported = hugging_face_tokenizer(tokenizer)
+        self.signatures = RuntimeSignatures(model, cache_length, lengths, spans)
+        chat_template = self.exported.chat_template and runtime_chat_template(
+            self.exported.chat_template, getattr(tokenizer, "special_tokens_map", {}), self.exported.start_token_id
+        )
+        self.metadata = llm_metadata(
+            cache_length, self.exported.stop_token_ids, self.exported.start_token_id, chat_template=chat_template
+        )
+        self.cases = _generation_cases(model, tokenizer, token_ids, self.signatures, self.exported, generate_tokens)
+        self.positions = min(cache_length, token_ids.shape[1])
+        cut = slice(0, self.positions)
+        self.token_ids, self.logits, self.targets = token_ids[:, cut], logits[:, cut], targets[:, cut]
+        self.weights = None if sample_weight is None else sample_weight[:, cut]
+        self.keras_cross_entropy = verification.quality(self.logits, self.targets, self.weights)["cross_entropy"]
+        self.num_threads = num_threads
+        self._float32 = None
+
+    def write(self, path, conversion):
+        """Writes the bundle `path`, its model made as `conversion` (a key of `CONVERSIONS`),
+        and checks it.
+
+        Returns:
+            The record: the file's `path` (its name), `size_bytes`, `tflite_bytes`,
+            `description`, `prefill_lengths`, `max_num_tokens`, `export_seconds`, `ops`,
+            `max_abs_diff` and `tolerance` and `quality` (over the reference rows), `checked_rows`,
+            `tokenizer` and `generation` (`matches_keras`, `token_agreement` and the cases), and
+            `latency_ms`.
+        """
+        start = time.perf_counter()
+        if self._float32 is None:  # converted once, quantized per bundle
+            self._float32 = convert(self.signatures, "tflite_fp32")
+        flatbuffer = self._float32 if conversion == "tflite_fp32" else quantize(self._float32, conversion)
+        write_bundle(path, flatbuffer, self.exported.tokenizer.to_str(), self.metadata)
+        seconds = time.perf_counter() - start
+        with logs.captured_stderr():  # LiteRT logs its CPU delegate
+            logits = np.stack(
+                [litertlm_model.teacher_forced_logits(flatbuffer, row, self.num_threads) for row in self.token_ids]
+            )
+        quality = verification.quality(logits, self.targets, self.weights, self.logits)
+        quality["keras_cross_entropy"] = self.keras_cross_entropy
+        quality["cross_entropy_increase"] = quality["cross_entropy"] - self.keras_cross_entropy
+        record = {
+            "path": path.name,
+            "size_bytes": path.stat().st_size,
+            "tflite_bytes": len(flatbuffer),
+            "description": CONVERSIONS[conversion],
+            "prefill_lengths": list(self.signatures.prefill_lengths),
+            "cache_spans": self.signatures.spans,
+            "max_num_tokens": self.signatures.cache_length,
+            "export_seconds": round(seconds, 2),
+            "ops": op_census(flatbuffer),
+            "max_abs_diff": {str(self.positions): verification.max_abs_diff(logits, self.logits)},
+            "tolerance": {str(self.positions): verification.fp32_tolerance(self.logits)},
+            "quality": quality,
+            "checked_rows": len(self.token_ids),
+        }
+        runtime = litertlm_model.LiteRTLMModel(path, self.num_threads)
+        try:
+            record.update(_run_cases(runtime, self.cases))
+        finally:
+            runtime.close()
+        return record
+
+
+def _generation_cases(model, tokenizer, rows, signatures, exported, generate_tokens):
+    """Prompts (text and ids) and the Keras model's greedy continuation of each as text.
+
+    Lengths: 1, 7 and, where the cache leaves room, longer than the largest prefill chunk;
+    each cut from a held-out row, detokenized and tokenized again (the text is what the
+    runtime gets)."""
+    cache_length = signatures.cache_length
+    new_tokens = max(1, min(generate_tokens, cache_length // 4))
+    longest = cache_length - new_tokens
+    lengths = sorted({1, min(7, longest), min(2 * signatures.prefill_lengths[-1] + 3, longest)})
+    start = [exported.start_token_id] if exported.start_token_id is not None else []
+    cases = []
+    for i, length in enumerate(lengths):
+        cut = rows[i % len(rows)][:length]
+        while True:  # detokenized and tokenized again, a cut can grow (subwords): cut it shorter
+            text = _runtime_text(tokenizer.detokenize(cut))
+            ids = [int(token) for token in np.asarray(tokenizer(text))]
+            if len(cut) <= 1 or len(start) + len(ids) <= longest:
+                break
+            cut = cut[: max(1, len(cut) - (len(start) + len(ids) - longest))]
+        new = min(new_tokens, cache_length - len(start) - len(ids))
+        cases.append({"prompt": text, "prompt_ids": ids, "new_tokens": new})
+    # One ragged batch, each row generating what it would alone: Keras compiles one decoding
+    # loop for all the prompts, not one per prompt length.
+    prompts = [start + case["prompt_ids"] for case in cases]
+    outputs = model.generate(
+        prompts,
+        max_length=max(len(prompt) + case["new_tokens"] for prompt, case in zip(prompts, cases)),
+        stop_token_ids=exported.stop_token_ids,
+        jit_compile=False,
+    )
+    for prompt, case, output in zip(prompts, cases, outputs):
+        generated = output[len(prompt) : len(prompt) + case["new_tokens"]]
+        if generated and generated[-1] in exported.stop_token_ids:
+            generated = generated[:-1]  # the runtime does not return the stop token
+        case["keras"] = _runtime_text(tokenizer.detokenize(generated)) if generated else ""
+    return cases
+
+
+def _runtime_text(text):
+    """Detokenized text as LiteRT-LM passes it: decoded leniently (`verification.text`), and
+    without NUL, since the runtime's C API hands strings over NUL-terminated."""
+    return verification.text(text).replace("\x00", "")
+
+
+def _run_cases(runtime, cases):
+    """The runtime's tokenization and greedy text for each case, against Keras'."""
+    tokenizer_matches, results, decode_rates = True, [], []
+    generated_ids, reference_ids = [], []
+    for case in cases:
+        runtime_ids = runtime.tokenize(case["prompt"])
+        tokenizer_matches &= runtime_ids == case["prompt_ids"]
+        text, timing = runtime.timed_generate(case["prompt"], case["new_tokens"], top_k=1)
+        results.append(
+            {
+                "prompt_tokens": len(case["prompt_ids"]),
+                "new_tokens": case["new_tokens"],
+                "keras": case["keras"],
+                "litertlm": text,
+            }
+        )
+        # Both texts tokenized again: a lenient decode's U+FFFD hides which ids gave it.
+        generated_ids.append(runtime.tokenize(text) if text else [])
+        reference_ids.append(runtime.tokenize(case["keras"]) if case["keras"] else [])
+        if timing["decode_tokens_per_second"] > 0:
+            decode_rates.append((timing["decode_tokens"], timing["decode_tokens_per_second"]))
+    agreement = verification.compare_generations(generated_ids, reference_ids, [0] * len(cases))
+    record = {
+        "tokenizer": {"matches_keras": bool(tokenizer_matches)},
+        "generation": {
+            "matches_keras": all(r["keras"] == r["litertlm"] for r in results),
+            "token_agreement": agreement["token_agreement"],
+            "cases": results,
+        },
+        "latency_ms": {},
+    }
+    if decode_rates:
+        _, rate = max(decode_rates)  # the longest generation
+        record["latency_ms"]["decode_step"] = 1000 / rate
+    return record
