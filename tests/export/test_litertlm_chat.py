@@ -40,8 +40,8 @@ def chat_bundle(tmp_path_factory):
     """`(Keras model, transformers tokenizer, runtime)` of a tiny Llama with SmolLM2's tokenizer."""
     import transformers
 
-    from kzoo.models.gguf_checkpoint import GGUFCheckpoint
-    from kzoo.models.gguf_tokenizer import tokenizer_from_gguf
+    from kzoo.checkpoints.gguf.reader import GGUFCheckpoint
+    from kzoo.checkpoints.gguf.tokenizer import tokenizer_from_gguf
 
     gguf = Path(kzoo.models.presets.packaged_checkpoint("smollm2_135m_instruct"))
     tokenizer = tokenizer_from_gguf(GGUFCheckpoint(gguf).tokenizer_fields)

@@ -17,8 +17,8 @@ import transformers
 
 import kzoo
 from kzoo.checkpoints import families
-from kzoo.models import hf_checkpoint
-from kzoo.models.hf_checkpoint import CheckpointError
+from kzoo.checkpoints import tensor_maps
+from kzoo.checkpoints.errors import CheckpointError
 from tests.models import hf_folders
 
 FAMILIES = list(hf_folders.DECODERS)
@@ -82,7 +82,7 @@ def test_the_tensor_map_covers_every_tensor_and_every_weight(folders, name):
 
     folder, _ = folders[name]
     lm = load(folder, tokenizer=None)
-    family = hf_checkpoint.FAMILIES[lm.backbone.model_type]
+    family = tensor_maps.FAMILIES[lm.backbone.model_type]
     maps = [("model.", m) for m in family.backbone_tensors(lm.backbone)]
     maps += [("", m) for m in family.heads["CausalLM"].tensors(lm)]
     names = [prefix + name for prefix, m in maps for name in m.names]
@@ -126,7 +126,7 @@ def test_a_backbone_alone_reads_and_writes_the_bare_model(tmp_path, folders):
 def test_a_family_that_cannot_hold_the_settings_is_refused(tmp_path, folders):
     lm = load(folders["qwen3"][0], tokenizer=None)
     with pytest.raises(CheckpointError, match=r"'llama' checkpoint cannot hold .*query_key_norm"):
-        hf_checkpoint.FAMILIES["llama"].hf_config(lm.backbone)
+        tensor_maps.FAMILIES["llama"].hf_config(lm.backbone)
 
 
 # === Bad input ===

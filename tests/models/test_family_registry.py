@@ -5,10 +5,10 @@ import pytest
 import transformers
 
 from kzoo.checkpoints import families
+from kzoo.checkpoints import tensor_maps
 from kzoo.checkpoints.families import FAMILIES
-from kzoo.models import gguf_checkpoint
-from kzoo.models import gguf_tokenizer
-from kzoo.models import hf_checkpoint
+from kzoo.checkpoints.gguf import layout as gguf_layout
+from kzoo.checkpoints.gguf import tokenizer as gguf_tokenizer
 
 
 def parameters(module, test):
@@ -19,11 +19,11 @@ def parameters(module, test):
 
 
 def test_every_suite_runs_every_family():
+    from tests.checkpoints import test_gguf
     from tests.export import test_families as test_export_families
     from tests.export import test_litertlm_families
     from tests.models import test_causal_lm
     from tests.models import test_decoder_hf
-    from tests.models import test_gguf
 
     every = sorted(FAMILIES)
     written = sorted(families.text_families())
@@ -49,7 +49,7 @@ def test_a_record_names_what_transformers_and_kzoo_know(model_type):
     family = FAMILIES[model_type]
     assert family.model_type == model_type
     assert hasattr(transformers, family.tiny.config) and hasattr(transformers, family.causal_lm)
-    assert hf_checkpoint.FAMILIES[model_type].heads["CausalLM"].architectures == (family.causal_lm,)
+    assert tensor_maps.FAMILIES[model_type].heads["CausalLM"].architectures == (family.causal_lm,)
     assert family.text_family is None or FAMILIES[family.text_family].text_family is None
     # A family written as GGUF has a tiny config for the round trips, and reads back as a family.
     assert (family.gguf is None) == (family.tiny.gguf is None)
@@ -59,6 +59,6 @@ def test_a_record_names_what_transformers_and_kzoo_know(model_type):
 
 
 def test_the_readers_take_their_tables_from_the_records():
-    assert gguf_checkpoint.SUPPORTED_ARCHITECTURES == ("llama", "qwen2", "qwen3", "gemma3")
+    assert gguf_layout.SUPPORTED_ARCHITECTURES == ("llama", "qwen2", "qwen3", "gemma3")
     assert gguf_tokenizer.GEMMA_ARCHITECTURES == ("gemma", "gemma2", "gemma3")
     assert families.by_gguf_architecture("mistral") is None and families.by_gguf_architecture("phi3") is None

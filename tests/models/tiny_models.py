@@ -6,8 +6,8 @@ import numpy as np
 
 from kzoo import models
 from kzoo.checkpoints.families import FAMILIES
+from kzoo.checkpoints.hf.load import ConfigReader
 from kzoo.models.decoder import decoder_hf
-from kzoo.models.hf_checkpoint import ConfigReader
 
 VOCABULARY_SIZE = 40
 MASK_ID = VOCABULARY_SIZE - 1  # BERT's [MASK]; 0 is padding.

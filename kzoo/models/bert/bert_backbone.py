@@ -1,12 +1,12 @@
 import keras
 
+from kzoo.checkpoints.keras_hub import copy_weights
+from kzoo.checkpoints.keras_hub import keras_hub_config
+from kzoo.checkpoints.keras_hub import transformer_block_pairs
 from kzoo.layers import LayerNormalization
 from kzoo.layers import TokenAndPositionEmbedding
 from kzoo.layers import TransformerEncoderBlock
 from kzoo.models.backbone import Backbone
-from kzoo.models.keras_hub_weights import copy_weights
-from kzoo.models.keras_hub_weights import keras_hub_config
-from kzoo.models.keras_hub_weights import transformer_block_pairs
 from kzoo.validation import check_divisible
 from kzoo.validation import check_positive_int
 from kzoo.validation import check_rate

@@ -1,10 +1,10 @@
 import keras
 
+from kzoo.checkpoints.keras_hub import copy_weights
+from kzoo.checkpoints.keras_hub import keras_hub_config
+from kzoo.checkpoints.keras_hub import transformer_block_pairs
 from kzoo.models.backbone import Backbone
 from kzoo.models.decoder.decoder_backbone import DecoderBackbone
-from kzoo.models.keras_hub_weights import copy_weights
-from kzoo.models.keras_hub_weights import keras_hub_config
-from kzoo.models.keras_hub_weights import transformer_block_pairs
 
 
 @keras.saving.register_keras_serializable(package="kzoo")

@@ -25,11 +25,13 @@ from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS
 from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
 from kzoo import files
+from kzoo.checkpoints.errors import CheckpointError
 from kzoo.checkpoints.families import written_as_gguf
-from kzoo.models import gguf_checkpoint
-from kzoo.models.gguf_checkpoint import GGUFCheckpoint
-from kzoo.models.gguf_checkpoint import write_gguf
-from kzoo.models.hf_checkpoint import CheckpointError
+from kzoo.checkpoints.gguf import reader as gguf_reader
+from kzoo.checkpoints.gguf.quantization import FILE_TYPES
+from kzoo.checkpoints.gguf.quantization import SUPPORTED_TYPES
+from kzoo.checkpoints.gguf.reader import GGUFCheckpoint
+from kzoo.checkpoints.gguf.writer import write_gguf
 
 Q = gguf.GGMLQuantizationType
 SMOLLM2 = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -158,7 +160,7 @@ def written(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("file_type", list(gguf_checkpoint.FILE_TYPES))
+@pytest.mark.parametrize("file_type", list(FILE_TYPES))
 @pytest.mark.parametrize("model_type", list(TINY))
 def test_written_files_read_as_transformers_reads_them(written, model_type, file_type):
     path, model = written(model_type, file_type)
@@ -180,7 +182,7 @@ def test_written_files_read_as_transformers_reads_them(written, model_type, file
         np.testing.assert_array_equal(checkpoint.read(name), theirs[name], err_msg=name)
 
 
-@pytest.mark.parametrize("file_type", list(gguf_checkpoint.FILE_TYPES))
+@pytest.mark.parametrize("file_type", list(FILE_TYPES))
 @pytest.mark.parametrize("model_type", list(TINY))
 def test_written_files_hold_the_original_model(written, model_type, file_type):
     path, model = written(model_type, file_type)
@@ -200,7 +202,7 @@ def test_written_files_hold_the_original_model(written, model_type, file_type):
             np.testing.assert_allclose(ours, want, rtol=0, atol=error * np.abs(want).max(), err_msg=name)
 
 
-@pytest.mark.parametrize("file_type", list(gguf_checkpoint.FILE_TYPES))
+@pytest.mark.parametrize("file_type", list(FILE_TYPES))
 @pytest.mark.parametrize("model_type", list(TINY))
 def test_transformers_runs_the_written_files(written, model_type, file_type):
     """transformers' model from the GGUF gives the original model's logits (F32), and in every
@@ -379,7 +381,7 @@ def write_llama_cpp(path, qtype=Q.F32, metadata=(), tensors=(), architecture="ll
 # gguf's quantizer makes F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, TQ1_0, TQ2_0 and MXFP4;
 # the K-quants, IQ types and NVFP4 it only dequantizes, so their tensors are random bytes (the
 # real file's Q4_1 and Q8_0 are real quantized weights).
-@pytest.mark.parametrize("qtype", gguf_checkpoint.SUPPORTED_TYPES)
+@pytest.mark.parametrize("qtype", SUPPORTED_TYPES)
 def test_llama_cpp_files_of_every_type_read_as_transformers_reads_them(tmp_path, qtype):
     path = write_llama_cpp(tmp_path / f"{qtype}.gguf", Q[qtype])
     checkpoint = GGUFCheckpoint(path)
@@ -493,7 +495,7 @@ def test_the_real_model_written_back_runs_in_transformers_with_the_same_logits(t
 
 def test_the_docstring_examples_run():
     smollm2_path()  # the example reads it
-    assert doctest.testmod(gguf_checkpoint, raise_on_error=True).attempted > 0
+    assert doctest.testmod(gguf_reader, raise_on_error=True).attempted > 0
 
 
 # Bad input: a CheckpointError naming the file and the field or tensor, before anything big is read.
@@ -576,7 +578,7 @@ def test_a_huge_metadata_array_is_refused_without_walking_it(tmp_path):
 
 def test_an_unsupported_architecture_lists_the_supported_ones(tmp_path):
     path = write_llama_cpp(tmp_path / "m.gguf", architecture="gpt2")
-    assert_refused(path, "'gpt2'", str(list(gguf_checkpoint.SUPPORTED_ARCHITECTURES)))
+    assert_refused(path, "'gpt2'", str(list(gguf_reader.SUPPORTED_ARCHITECTURES)))
 
 
 @pytest.mark.parametrize("qtype", [Q.Q8_1, Q.Q8_K, Q.I8])

@@ -20,8 +20,9 @@ import transformers
 from safetensors import safe_open
 
 import kzoo
-from kzoo.models import hf_checkpoint
-from kzoo.models.hf_checkpoint import CheckpointError
+from kzoo.checkpoints.errors import CheckpointError
+from kzoo.checkpoints.hf.safetensors import SafetensorsFile
+from kzoo.checkpoints.tensor_maps import FAMILIES
 from tests.models import hf_folders
 
 TOLERANCE = 1e-5
@@ -191,7 +192,7 @@ def test_the_name_maps_cover_every_tensor_and_every_weight(
     folder, _ = {**bert_folders, **gpt2_folders}[architecture]
     model = load_quietly(cls, folder)
     backbone = getattr(model, "backbone", model)
-    family = hf_checkpoint.FAMILIES["bert" if isinstance(backbone, kzoo.models.BertBackbone) else "gpt2"]
+    family = FAMILIES["bert" if isinstance(backbone, kzoo.models.BertBackbone) else "gpt2"]
     maps = [(prefix, map_) for map_ in family.backbone_tensors(backbone)]
     if model is not backbone:
         maps += [("", map_) for map_ in family.heads[cls.__name__].tensors(model)]
@@ -242,7 +243,7 @@ def randomize(model, seed=0):
 
 
 def word_pieces():
-    from kzoo.models.hf_tokenizer import BertTokenizer
+    from kzoo.tokenizers.bert import BertTokenizer
 
     return BertTokenizer(hf_folders.VOCABULARY, lowercase=True)
 
@@ -422,7 +423,7 @@ def test_safetensors_whose_tensors_share_bytes_are_refused_naming_both(tmp_path)
     path = tmp_path / "model.safetensors"
     path.write_bytes(struct.pack("<Q", len(text)) + text + bytes(24))
     with pytest.raises(CheckpointError) as raised:
-        hf_checkpoint.SafetensorsFile(path)
+        SafetensorsFile(path)
     message = f"{path} is not a readable safetensors file (tensors 'a' and 'b' share bytes: 'b' starts at byte 8, "
     assert str(raised.value).startswith(message + "before 'a' ends at 16)")
 

@@ -1,0 +1,47 @@
+"""GGUF tensor types: which kzoo reads and writes, their sizes, and llama.cpp's choice when writing.
+
+The arithmetic of each type is `gguf.quants`'; this module is kzoo's side of it.
+"""
+
+import math
+
+import gguf
+
+# Every type `gguf.quants.dequantize` turns into float32.
+SUPPORTED_TYPES = (
+    "F32", "F16", "BF16",
+    "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
+    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+    "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS",
+    "TQ1_0", "TQ2_0", "MXFP4", "NVFP4",
+)  # fmt: skip
+# `write_gguf`'s file types: the 2-D weights' type, as convert_hf_to_gguf.py's `--outtype`.
+FILE_TYPES = {
+    "F32": gguf.LlamaFileType.ALL_F32,
+    "F16": gguf.LlamaFileType.MOSTLY_F16,
+    "BF16": gguf.LlamaFileType.MOSTLY_BF16,
+    "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+}
+
+
+def byte_size(tensor_type, shape):
+    """The bytes a tensor of `tensor_type` (a `gguf.GGMLQuantizationType`) and `shape` takes."""
+    block, type_size = gguf.GGML_QUANT_SIZES[tensor_type]
+    return math.prod(shape) // block * type_size
+
+
+def dequantize(raw, tensor_type, shape):
+    """The float32 values of `raw` (the tensor's bytes, a uint8 array) of `tensor_type` and
+    Hugging Face `shape` (rows last); F32's are a view of `raw`."""
+    block, type_size = gguf.GGML_QUANT_SIZES[tensor_type]
+    return gguf.quants.dequantize(raw.reshape(*shape[:-1], shape[-1] // block * type_size), tensor_type)
+
+
+def written_type(gguf_name, array, file_type):
+    """llama.cpp's choice: F32 for 1-D tensors and norms, F16 where Q8_0's 32-value blocks do not
+    divide the rows, else the file type."""
+    if array.ndim <= 1 or gguf_name.endswith("_norm.weight"):
+        return gguf.GGMLQuantizationType.F32
+    qtype = gguf.GGMLQuantizationType[file_type]
+    block, _ = gguf.GGML_QUANT_SIZES[qtype]
+    return qtype if array.shape[-1] % block == 0 else gguf.GGMLQuantizationType.F16
