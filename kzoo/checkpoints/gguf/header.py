@@ -2,7 +2,7 @@
 
 A file from outside is untrusted, so it is parsed here, not by `gguf.GGUFReader`: that reader
 walks an array's declared count even past the end of the file, and is slow over a large
-vocabulary. Every tensor's byte range is checked before anything is read.
+vocabulary (BENCHMARKS.md). Every tensor's byte range is checked before anything is read.
 """
 
 import dataclasses
