@@ -8,6 +8,7 @@ import json
 import os
 import platform
 import statistics
+import threading
 import time
 
 
@@ -89,3 +90,37 @@ def report(name, results, path=None):
         with open(path, "w") as f:
             f.write(text + "\n")
     return record
+
+
+def bandwidth_meter(num_bytes, repeats=7):
+    """A function returning the bytes/s at which this process reads `num_bytes` with every core.
+
+    The one floor meter of the benchmarks (Keras and LiteRT-LM alike): a STREAM-like read, one
+    thread per core each summing its own contiguous slice of one float32 array (NumPy releases the
+    GIL while it sums), the best of `repeats` reads. A decode step reads its weights with every
+    core too, so a step can approach this rate but not pass it; one thread alone reads at about
+    half of it on a 2-core host, which is why a single-threaded sum is not a floor. The array is
+    made once, so that a benchmark can take the bandwidth beside each of its runs (it moves
+    between minutes).
+    """
+    import numpy as np
+
+    cores = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    array = np.ones(max(cores, num_bytes // 4), "float32")
+    slices = np.array_split(array, cores)
+
+    def read_once():
+        threads = [threading.Thread(target=np.sum, args=(part,)) for part in slices]
+        start = time.perf_counter()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return time.perf_counter() - start
+
+    read_once()
+
+    def measure():
+        return array.nbytes / min(read_once() for _ in range(repeats))
+
+    return measure

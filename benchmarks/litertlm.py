@@ -11,7 +11,7 @@ parameters) and a `--cache-length` KV cache:
   token prompt and `--new-tokens` greedy tokens;
 - kzoo's Keras `generate` at batch 1 (XLA, as its default) on the same prompt and length;
 - the floor of a decode step: the time to read every weight once, at the memory bandwidth
-  measured in the same run (a float32 array of the weights' size summed by TensorFlow).
+  measured in the same run with every core (`benchmarks.common.bandwidth_meter`).
 
 Without the GPT-2 BPE tokenizer (it comes with task models carrying Hugging Face
 tokenizers), the bundle carries a character tokenizer over the 50,257 ids: prompts are
@@ -40,10 +40,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
 
 import kzoo  # noqa: E402
 import kzoo.data  # noqa: E402
+from benchmarks.common import bandwidth_meter  # noqa: E402
 from benchmarks.common import report  # noqa: E402
 from kzoo.export import litertlm_model  # noqa: E402
 
@@ -117,30 +117,6 @@ def keras_speed(lm, prompt_ids, new_tokens, repeats):
     return {"new_tokens_per_second": new_tokens / statistics.median(times)}
 
 
-def bandwidth_meter(num_bytes, repeats=5):
-    """A function that returns the bytes/s at which TensorFlow sums a float32 array of
-    `num_bytes` (both cores) when it is called: the array is made once, so that a benchmark can
-    take the host's bandwidth beside each of its runs (it moves between minutes)."""
-    array = tf.random.uniform([num_bytes // 4])
-    total = tf.function(tf.reduce_sum)
-    total(array).numpy()
-
-    def measure():
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            total(array).numpy()
-            times.append(time.perf_counter() - start)
-        return num_bytes / min(times)
-
-    return measure
-
-
-def read_bandwidth(num_bytes, repeats=5):
-    """Bytes/s at which TensorFlow sums a float32 array of `num_bytes` (both cores), now."""
-    return bandwidth_meter(num_bytes, repeats)()
-
-
 def scale(args):
     lm = build(args.preset)
     weights_bytes = int(sum(np.prod(w.shape) * 4 for w in lm.weights))
@@ -162,7 +138,7 @@ def scale(args):
         out, export_report, seconds, peak = export(lm, Path(folder), args.cache_length)
         del lm
         results["export"] = {"seconds": round(seconds, 1), "peak_resident_bytes": peak}
-        bandwidth = read_bandwidth(weights_bytes)
+        bandwidth = bandwidth_meter(weights_bytes)()
         results["read_bandwidth_bytes_per_second"] = bandwidth
         for precision, file_name in BUNDLES.items():
             record = export_report["artifacts"]["litertlm" if precision == "fp32" else "litertlm_int8"]

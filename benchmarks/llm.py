@@ -9,7 +9,8 @@ alternate between the libraries after one warm-up call (compilation):
 - `decode`: greedy generation at batch 1 of `--new-tokens` tokens after a `--prompt`-token
   prompt, in new tokens/s (kzoo and keras-hub: their compiled `generate`; transformers:
   `generate(do_sample=False)`); and the floor, reading every float32 weight once per token at
-  the bandwidth a NumPy sum reads the same number of bytes in this process.
+  the bandwidth this process reads the same number of bytes with every core
+  (`benchmarks.common.bandwidth_meter`, the meter of every floor in `benchmarks/`).
 - `prefill`: one forward pass over a `--prefill`-token prompt that fills the KV cache and gives the
   next token's logits (the last position's), in tokens/s.
 - `int8`: kzoo's `generate` after `quantize("int8")`, against float32.
@@ -34,6 +35,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import kzoo  # noqa: E402
+from benchmarks.common import bandwidth_meter  # noqa: E402
 from benchmarks.common import report  # noqa: E402
 from benchmarks.common import wait_for_quiet  # noqa: E402
 
@@ -57,11 +59,11 @@ def rounds(calls, count):
     return {name: float(np.median(values)) for name, values in times.items()}
 
 
-def weight_floor(model, repeats=7):
-    """Seconds to read the model's float32 weights once, at a NumPy sum's bandwidth."""
-    data = np.ones(sum(int(np.prod(w.shape)) for w in model.weights), "float32")
-    data.sum()
-    return float(np.median([timed(data.sum) for _ in range(repeats)])), data.nbytes
+def weight_floor(model):
+    """Seconds to read the model's float32 weights once, at the bandwidth every core reads
+    (`benchmarks.common.bandwidth_meter`), and their bytes."""
+    weight_bytes = 4 * sum(int(np.prod(w.shape)) for w in model.weights)
+    return weight_bytes / bandwidth_meter(weight_bytes)(), weight_bytes
 
 
 def transformers_model(folder):

@@ -10,11 +10,11 @@ original Q4_1 GGUF, in one run, beside any kzoo bundles given.
    length, steps and threads), after waiting up to a minute for the other processes to quiet
    down; medians over the rounds;
 5. the floor of each bundle's decode step: its model's bytes (the weights at their precision)
-   plus the KV cache's (float32, every slot), read once at the bandwidth a TensorFlow sum reads
-   in this process just after each of the bundle's runs (the host's bandwidth moves between
-   minutes); decode over floor is the median over the runs; and the "filled" floor, with only
-   the slots a step at the decode's mean position has written (256 + 64: what a runtime that
-   reads no empty slot reads, as llama.cpp).
+   plus the KV cache's (float32, every slot), read once at the bandwidth this process reads with
+   every core (`benchmarks.common.bandwidth_meter`) just after each of the bundle's runs (the
+   host's bandwidth moves between minutes); decode over floor is the median over the runs; and
+   the "filled" floor, with only the slots a step at the decode's mean position has written
+   (256 + 64: what a runtime that reads no empty slot reads, as llama.cpp).
 
     python -m benchmarks.peers [--bundle "kzoo int8=export/model_int8.litertlm" ...] [--rounds 3] \
         [--litert-torch-json peers.json] [--out peers_run.json]
@@ -31,9 +31,9 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from benchmarks import peers  # noqa: E402
+from benchmarks.common import bandwidth_meter  # noqa: E402
 from benchmarks.common import report  # noqa: E402
 from benchmarks.common import wait_for_quiet  # noqa: E402
-from benchmarks.litertlm import bandwidth_meter  # noqa: E402
 
 CHAT = "What is the capital of France? Answer in one sentence."
 PROMPT_TOKENS, NEW_TOKENS = 256, 128
