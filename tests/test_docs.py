@@ -71,6 +71,7 @@ DOCTEST_MODULES = [
     "kzoo.layers.add_and_norm",
     "kzoo.layers.feed_forward",
     "kzoo.layers.gated_feed_forward",
+    "kzoo.layers.kv_cache",
     "kzoo.layers.layer_normalization",
     "kzoo.layers.masks",
     "kzoo.layers.multi_head_attention",

@@ -1,11 +1,9 @@
-import contextlib
-import contextvars
-
 import keras
 import numpy as np
 from keras import ops
 
 from kzoo._compat import keras_mask
+from kzoo.layers import kv_cache
 from kzoo.layers._prototypes import copy_layer
 from kzoo.layers._prototypes import deserialize_patterns
 from kzoo.layers._prototypes import unbuilt_config
@@ -18,63 +16,6 @@ from kzoo.validation import check_divisible
 from kzoo.validation import check_positive_int
 from kzoo.validation import check_rate
 from kzoo.validation import clone_initializer
-
-_CACHE_SPANS = contextvars.ContextVar("kzoo_cache_spans", default=None)  # (lengths, max_queries)
-# Whether a one-row output projection gets a zero row beside it (see `MultiHeadAttention._output`).
-_PAD_ONE_ROW = contextvars.ContextVar("kzoo_pad_one_row", default=True)
-
-
-@contextlib.contextmanager
-def one_row_as_is():
-    """Traces the one-row output projection as it is: for LiteRT, where the padding row
-    `MultiHeadAttention._output` adds for XLA would be two ops more per layer."""
-    token = _PAD_ONE_ROW.set(False)
-    try:
-        yield
-    finally:
-        _PAD_ONE_ROW.reset(token)
-
-
-@contextlib.contextmanager
-def cache_spans(lengths, max_queries=None):
-    """Within it, cached causal attention reads only the slots of the cache that it needs.
-
-    A KV cache is as long as the longest sequence served, and attention over all of it (the
-    unwritten slots masked) costs every step in proportion to that length. Inside this
-    context, a `MultiHeadAttention` call with `cache`, `cache_index` and `use_causal_mask`
-    attends over the first `n` slots only, for the smallest `n` of `lengths` that holds
-    positions `[0, cache_index + T_q)` (else the whole cache): one static-shape branch per
-    length, chosen at run time by `keras.ops.cond`, so a compiled or exported step (XLA, a
-    TFLite `IF`) skips the slots the position has not reached. A layer with a
-    `sliding_window` W reads, past the spans shorter than its window, only the
-    `W + T_q - 1` slots that end at its last position (a static-length slice at a run-time
-    offset), when `T_q` is known while tracing or bounded by `max_queries`. The outputs are
-    those of the whole cache: the slots left out are masked either way. Calls with an
-    explicit `attention_mask` or `return_attention_scores` read the whole cache. The context
-    applies while a model is called or traced, and is not saved with it.
-
-    Args:
-        lengths: ints >= 1, e.g. `(256, 512, 1024)`; lengths not shorter than a cache are ignored.
-        max_queries: None or an int >= 1, the most queries of a call whose query length is
-            unknown while tracing (a decode step traced for any length, run with one).
-
-    Example:
-    >>> mha = MultiHeadAttention(num_heads=2, key_dim=4)
-    >>> x = keras.ops.ones((1, 1, 8))
-    >>> cache = mha.empty_cache(1, 64)
-    >>> with cache_spans((16, 32)):
-    ...     y, cache = mha(x, use_causal_mask=True, cache=cache, cache_index=3)
-    >>> tuple(y.shape)
-    (1, 1, 8)
-    """
-    lengths = tuple(sorted({check_positive_int("lengths", n) for n in lengths}))
-    if max_queries is not None:
-        check_positive_int("max_queries", max_queries)
-    token = _CACHE_SPANS.set((lengths, max_queries))
-    try:
-        yield
-    finally:
-        _CACHE_SPANS.reset(token)
 
 
 @keras.saving.register_keras_serializable(package="kzoo")
@@ -311,41 +252,6 @@ class MultiHeadAttention(keras.layers.Layer):
         _, k = self.transform_query_key(None, k, 0)
         return _head_major(k), _head_major(v)
 
-    def _check_cache(self, cache, query, cache_index):
-        expected = [
-            (query.shape[0], self.num_key_value_heads, None, self.key_dim),
-            (query.shape[0], self.num_key_value_heads, None, self.value_dim),
-        ]
-        shapes = [tuple(part.shape) for part in cache] if isinstance(cache, (tuple, list)) else None
-        ok = (
-            shapes is not None
-            and len(shapes) == 2
-            and shapes[0][:3] == shapes[1][:3]
-            and all(
-                len(shape) == 4 and all(e is None or d is None or d == e for d, e in zip(shape, want))
-                for shape, want in zip(shapes, expected)
-            )
-        )
-        if not ok:
-            received = shapes if shapes is not None else getattr(cache, "shape", type(cache).__name__)
-            raise ValueError(
-                "`cache` must be a pair (keys, values) of shapes (batch_size="
-                f"{query.shape[0]}, num_key_value_heads={self.num_key_value_heads}, max_length, "
-                f"key_dim={self.key_dim}) and (..., value_dim={self.value_dim}); received {received}."
-            )
-        max_length, length = shapes[0][2], query.shape[1]
-        if (
-            isinstance(cache_index, int)
-            and max_length is not None
-            and length is not None
-            and not 0 <= cache_index <= max_length - length
-        ):
-            raise ValueError(
-                f"`cache_index` must be in [0, {max_length - length}] so that "
-                f"{length} new tokens fit in a cache of length {max_length}; "
-                f"received cache_index={cache_index}."
-            )
-
     def call(
         self,
         query,
@@ -373,7 +279,7 @@ class MultiHeadAttention(keras.layers.Layer):
             key_mask = keras_mask(key)
 
         if cache is not None:
-            self._check_cache(cache, query, cache_index)
+            kv_cache.check(cache, query, cache_index, self.num_key_value_heads, self.key_dim, self.value_dim)
         start_index = 0 if cache_index is None else cache_index
         if cache is not None and cache_index is None:  # precomputed keys/values
             (q,) = self._project(query, self.query_dense)
@@ -397,10 +303,8 @@ class MultiHeadAttention(keras.layers.Layer):
             key_offset = 0
         else:
             if cache_index is not None:
-                start = (0, 0, cache_index, 0)
-                k = ops.slice_update(cache[0], start, ops.cast(k, cache[0].dtype))
-                v = ops.slice_update(cache[1], start, ops.cast(v, cache[1].dtype))
-                cache = (k, v)
+                cache = kv_cache.write(cache, k, v, cache_index)
+                k, v = cache
             key_padding = None
             key_offset = 0 if cache_index is None else cache_index
 
@@ -421,32 +325,25 @@ class MultiHeadAttention(keras.layers.Layer):
             # which a causal mask alone never leaves.
             bias, mask = self._grouped(ops.where(mask, 0.0, MASKED_SCORE), ops.shape(q)[2]), None
 
-        def attend(length):
-            if length is None or length == k.shape[2]:  # a slice of all of it would still copy it
-                return self._attend(q, k, v, mask, bias, training, return_attention_scores)
-            keys, values = k[:, :, :length], v[:, :, :length]
-            return self._attend(q, keys, values, _first(mask, length), _first(bias, length), training)
-
-        context = _CACHE_SPANS.get()
-        cache_length = k.shape[2]
+        # Inside `kv_cache.cache_spans`, a causal step over the cache reads only the slots its queries see.
+        spans = kv_cache.current_spans()
         if (
-            context is not None
+            spans is not None
             and cache_index is not None
             and cache is not None
             and use_causal_mask
             and attention_mask is None
             and not return_attention_scores
-            and cache_length is not None
+            and k.shape[2] is not None
         ):
-            spans, max_queries = context
-            window = self._window_length(q.shape[2] or max_queries, cache_length)
-            if window is None:
-                last = (cache_length, attend)
-            else:  # a sliding layer: its window, which every span as long or longer holds too
-                last = (window, lambda length: self._attend_window(q, k, v, mask, bias, cache_index, length, training))
-            output, scores = _attend_first(cache_index + ops.shape(q)[2], spans, *last, attend), None
+
+            def attend(keys, values, cut_mask, cut_bias):
+                return self._attend(q, keys, values, cut_mask, cut_bias, training)
+
+            output = kv_cache.attend_within_spans(attend, q, k, v, mask, bias, cache_index, self.sliding_window, *spans)
+            scores = None
         else:
-            output, scores = attend(None)
+            output, scores = self._attend(q, k, v, mask, bias, training, return_attention_scores)
         output = self._output(output)  # (B, T_q, d)
 
         results = (output,)
@@ -461,7 +358,7 @@ class MultiHeadAttention(keras.layers.Layer):
         beside a zero row: XLA's CPU compiler fuses a one-row product whose kernel it must
         reshape (this `(h, d_v, d)` one) into a naive loop, several times slower than the
         matrix-vector kernel a two-row product gets; the kernel is read once either way."""
-        if heads.shape[0] == 1 and heads.shape[1] == 1 and _PAD_ONE_ROW.get():
+        if heads.shape[0] == 1 and heads.shape[1] == 1 and kv_cache.pads_one_row():
             return self.output_dense(ops.concatenate([heads, ops.zeros_like(heads)], axis=1))[:, :1]
         return self.output_dense(heads)
 
@@ -496,22 +393,6 @@ class MultiHeadAttention(keras.layers.Layer):
         if scores is not None:
             scores = ops.reshape(scores, (batch, self.num_heads, length, ops.shape(k)[2]))
         return output, scores
-
-    def _window_length(self, queries, cache_length):
-        """The slots a sliding-window call of `queries` (int or None) queries reads, None for the
-        whole cache: the W latest positions of its first query through its last."""
-        if self.sliding_window is None or queries is None:
-            return None
-        length = self.sliding_window + queries - 1
-        return length if length < cache_length else None
-
-    def _attend_window(self, q, k, v, mask, bias, cache_index, length, training):
-        """Attention over the `length` cache slots that end at the last query's position (from
-        slot 0 while the cache holds fewer), the mask or bias cut to the same keys."""
-        start = ops.clip(cache_index + ops.shape(q)[2] - length, 0, k.shape[2] - length)
-        keys, values = (_cut(x, 2, start, length) for x in (k, v))
-        mask, bias = (None if x is None else _cut(x, len(x.shape) - 1, start, length) for x in (mask, bias))
-        return self._attend(q, keys, values, mask, bias, training)
 
     def _grouped(self, mask, length):
         """A `(B, T_q, T_k)` mask as `(B, 1, g * T_q, T_k)`, each query's row repeated for the
@@ -588,39 +469,6 @@ class MultiHeadAttention(keras.layers.Layer):
     @classmethod
     def from_config(cls, config):
         return super().from_config(deserialize_patterns(config, ("rotary_embedding", "query_key_norm")))
-
-
-def _attend_first(filled, spans, last, attend_last, attend):
-    """`attend(n)[0]` for the smallest `n` of `spans` shorter than `last` with `filled <= n`,
-    else `attend_last(last)[0]`.
-
-    The branches nest from the largest span down: the last branch, where attention costs the
-    most, sits behind one `IF`, and the further ones cost least where the spans are short.
-    """
-    branches = [(n, attend) for n in spans if n < last] + [(last, attend_last)]
-    if isinstance(filled, int):  # known now: no branches
-        n, branch = next(((n, f) for n, f in branches[:-1] if filled <= n), branches[-1])
-        return branch(n)[0]
-
-    def within(branches):  # the first of `branches` whose length holds `filled`, else the last
-        *shorter, (n, branch) = branches
-        if not shorter:
-            return branch(n)[0]
-        return ops.cond(filled <= shorter[-1][0], lambda: within(shorter), lambda: branch(n)[0])
-
-    return within(branches)
-
-
-def _cut(x, axis, start, length):
-    """`x[..., start : start + length, ...]` along `axis`, `start` known at run time only."""
-    shape = [ops.shape(x)[i] if size is None else size for i, size in enumerate(x.shape)]
-    shape[axis] = length
-    return ops.slice(x, [start if i == axis else 0 for i in range(len(shape))], shape)
-
-
-def _first(mask, length):
-    """The first `length` keys of a mask or bias (None stays None)."""
-    return None if mask is None else mask[..., :length]
 
 
 def _head_major(x):

@@ -8,7 +8,7 @@ from keras import ops
 
 from kzoo.layers import MultiHeadAttention
 from kzoo.layers import cache_spans
-from kzoo.layers.multi_head_attention import one_row_as_is
+from kzoo.layers.kv_cache import one_row_as_is
 from tests.layers.weights import copy_attention
 
 

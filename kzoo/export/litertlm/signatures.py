@@ -26,7 +26,7 @@ import tensorflow as tf
 
 from kzoo.export.serving_signatures import state_specs
 from kzoo.layers import cache_spans
-from kzoo.layers.multi_head_attention import one_row_as_is
+from kzoo.layers.kv_cache import one_row_as_is
 from kzoo.models import TiedLogits
 
 # Prefill chunk lengths, of which those that divide the cache length are used.
