@@ -356,7 +356,7 @@ class MultiHeadAttention(keras.layers.Layer):
     def _output(self, heads):
         """W^O on `(B, T_q, h, d_v)`. A single row (one sequence decoding one token) goes in
         beside a zero row: XLA's CPU compiler fuses a one-row product whose kernel it must
-        reshape (this `(h, d_v, d)` one) into a naive loop, several times slower than the
+        reshape (this `(h, d_v, d)` one) into a naive loop, slower than the
         matrix-vector kernel a two-row product gets; the kernel is read once either way."""
         if heads.shape[0] == 1 and heads.shape[1] == 1 and kv_cache.pads_one_row():
             return self.output_dense(ops.concatenate([heads, ops.zeros_like(heads)], axis=1))[:, :1]
