@@ -1,6 +1,8 @@
 import gc
 import math
 import os
+import re
+from pathlib import Path
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -34,15 +36,97 @@ LONGEST_FIRST = (
 )
 
 
-def pytest_collection_modifyitems(config, items):
-    """The longest tests first; tests marked `slow` run only with KZOO_SLOW=1 (the README says which)."""
-    items.sort(key=lambda item: not item.nodeid.startswith(LONGEST_FIRST))  # stable: the rest keep their order
+# The tiers. Every test is in exactly one; `--tier` picks which run (default `fast`, the
+# developer's loop), and KZOO_SLOW=1 adds `slow`. The README gives each tier's command and time.
+TIERS = {
+    "fast": "every layer, model, format and file reader on tiny configs",
+    "parity": "kzoo against transformers, keras-hub and torch on the same weights or tokenizer",
+    "e2e": "recipes, real checkpoints (SmolLM2, all-MiniLM), bundles in the LiteRT-LM and LiteRT runtimes",
+    "slow": "the long tests beyond CI",
+}
+TIER_SETS = {"all": ("fast", "parity", "e2e")}  # `--tier all` is what CI runs
+
+# Where a test's tier comes from, first match wins:
+# 1. the `slow` marker;
+# 2. a `parity` or `e2e` marker, on the test or its module (`pytestmark`);
+# 3. TIER_TABLE below;
+# 4. e2e: a test that uses a real checkpoint's fixture (`smollm2...`, `minilm...`);
+# 5. parity: a test named for the library it is compared with (`..._matches_transformers`);
+# 6. fast.
+# TIER_TABLE names test folders (`recipes/`), modules by file name (`test_x.py`, so that a module
+# moved to another folder keeps its tier) and tests (`test_x.py::test_y`, every parametrization).
+TIER_TABLE = {
+    "e2e": (
+        "recipes/",
+        "test_docs.py::test_readme_examples_run",
+        "test_smollm2.py",
+        "test_sentence_embeddings.py",
+        "test_litertlm_chat.py",
+        "test_litertlm_families.py",
+        "test_serving_examples.py",
+        "test_quiet.py",
+        "test_distributed_fit.py::test_a_killed_run_resumes_to_the_weights_and_history_of_an_uninterrupted_one",
+    ),
+    "parity": (),
+}
+REAL_CHECKPOINT_FIXTURES = ("smollm2", "minilm")
+PEER_IN_NAME = re.compile(r"(?:^|_)(transformers|keras_hub|torch|llama_cpp)(?:_|$)")
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--tier",
+        default="fast",
+        help="the tiers to run, comma-separated: " + ", ".join(TIERS) + "; or `all` (fast, parity, e2e: what CI "
+        "runs). Default: fast. KZOO_SLOW=1 adds slow.",
+    )
+
+
+def selected_tiers(config):
+    """The tiers `--tier` and KZOO_SLOW name, checked."""
+    tiers = set()
+    for name in config.getoption("--tier").split(","):
+        name = name.strip()
+        if name not in TIERS and name not in TIER_SETS:
+            raise pytest.UsageError(f"--tier: expected a comma list of {', '.join([*TIERS, *TIER_SETS])}, got {name!r}")
+        tiers.update(TIER_SETS.get(name, (name,)))
     if os.environ.get("KZOO_SLOW") == "1":
-        return
-    skip = pytest.mark.skip(reason="slow: set KZOO_SLOW=1 to run")
+        tiers.add("slow")
+    return tiers
+
+
+def tier_of(item):
+    """The one tier of a collected test (see the rules above TIERS)."""
+    if item.get_closest_marker("slow"):
+        return "slow"
+    marked = [name for name in ("parity", "e2e") if item.get_closest_marker(name)]
+    if len(marked) > 1:
+        raise pytest.UsageError(f"{item.nodeid} is marked {' and '.join(marked)}: a test has one tier")
+    if marked:
+        return marked[0]
+    path = Path(str(item.path)).relative_to(item.config.rootpath)
+    name = getattr(item, "originalname", item.name)
+    keys = {f"{folder}/" for folder in path.parts[:-1]} | {path.name, f"{path.name}::{name}"}
+    for tier, entries in TIER_TABLE.items():
+        if keys.intersection(entries):
+            return tier
+    if any(fixture.split("_")[0] in REAL_CHECKPOINT_FIXTURES for fixture in getattr(item, "fixturenames", ())):
+        return "e2e"
+    if PEER_IN_NAME.search(name):
+        return "parity"
+    return "fast"
+
+
+def pytest_collection_modifyitems(config, items):
+    """The longest tests first; each test gets its tier, and those of tiers not asked for are skipped."""
+    items.sort(key=lambda item: not item.nodeid.startswith(LONGEST_FIRST))  # stable: the rest keep their order
+    tiers = selected_tiers(config)
     for item in items:
-        if "slow" in item.keywords:
-            item.add_marker(skip)
+        tier = tier_of(item)
+        item.user_properties.append(("tier", tier))
+        if tier not in tiers:
+            how = "set KZOO_SLOW=1" if tier == "slow" else f"run with --tier {tier} (or --tier all)"
+            item.add_marker(pytest.mark.skip(reason=f"{tier} tier: {how}"))
 
 
 # Every this many tests, a worker also collects the objects it froze (below).
