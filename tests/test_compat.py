@@ -398,7 +398,7 @@ def test_fast_word_piece_hook():
     own op (100 bytes a word) makes [UNK]."""
     import keras_hub
 
-    from kzoo.models.hf_tokenizer import BertTokenizer
+    from kzoo.tokenizers.bert import BertTokenizer
 
     vocabulary = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "ж", "##ж"]
     word = "ж" * 60

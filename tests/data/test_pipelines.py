@@ -14,12 +14,12 @@ from kzoo.data import masked_lm_batches
 from kzoo.data import seq2seq_batches
 from kzoo.data import tagging_batches
 from kzoo.data import word_piece_tokenizer
-from kzoo.data.tokenizers import CLS_ID
-from kzoo.data.tokenizers import EOS_ID
-from kzoo.data.tokenizers import MASK_ID
-from kzoo.data.tokenizers import SEP_ID
-from kzoo.data.tokenizers import SPECIAL_TOKENS
-from kzoo.data.tokenizers import UNK_ID
+from kzoo.tokenizers.word_piece import CLS_ID
+from kzoo.tokenizers.word_piece import EOS_ID
+from kzoo.tokenizers.word_piece import MASK_ID
+from kzoo.tokenizers.word_piece import SEP_ID
+from kzoo.tokenizers.word_piece import SPECIAL_TOKENS
+from kzoo.tokenizers.word_piece import UNK_ID
 
 # A hand-made WordPiece vocabulary: "the"=7, "cat"=8, "##s"=9, "new"=10, "york"=11.
 VOCABULARY = [*SPECIAL_TOKENS, "the", "cat", "##s", "new", "york"]

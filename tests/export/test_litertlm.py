@@ -18,13 +18,13 @@ from ai_edge_litert.interpreter import Interpreter
 from kzoo import data
 from kzoo import export
 from kzoo import models
-from kzoo.data.tokenizer_json import hugging_face_tokenizer
-from kzoo.data.tokenizers import EOS_ID
-from kzoo.data.tokenizers import SEP_ID
 from kzoo.export import exporter
 from kzoo.export import litertlm
 from kzoo.export import litertlm_model
 from kzoo.export import verification
+from kzoo.tokenizers.tokenizer_json import hugging_face_tokenizer
+from kzoo.tokenizers.word_piece import EOS_ID
+from kzoo.tokenizers.word_piece import SEP_ID
 from tests.export.test_serving_examples import REPOSITORY
 from tests.export.tiny_models import build
 

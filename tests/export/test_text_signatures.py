@@ -13,10 +13,10 @@ import tensorflow as tf
 
 from kzoo import data
 from kzoo import export
-from kzoo.data.tokenizers import BOS_ID
-from kzoo.data.tokenizers import CLS_ID
-from kzoo.data.tokenizers import EOS_ID
-from kzoo.data.tokenizers import SEP_ID
+from kzoo.tokenizers.word_piece import BOS_ID
+from kzoo.tokenizers.word_piece import CLS_ID
+from kzoo.tokenizers.word_piece import EOS_ID
+from kzoo.tokenizers.word_piece import SEP_ID
 from tests.export.tiny_models import MAX_LENGTH
 from tests.export.tiny_models import build
 

@@ -21,7 +21,7 @@ from kzoo import data
 from kzoo import export
 from kzoo import models
 from kzoo.export import litertlm_model
-from kzoo.models.hf_tokenizer import BertTokenizer
+from kzoo.tokenizers.bert import BertTokenizer
 from tests.export.tiny_models import build
 
 MAX_LENGTH = 32

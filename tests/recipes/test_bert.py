@@ -105,10 +105,10 @@ def test_entity_scores_pair_each_sentence_with_its_own_gold_tags(tfds_dir):
     import numpy as np
 
     import kzoo.data
-    from kzoo.models import hf_tokenizer
+    from kzoo.checkpoints.hf import tokenizer_files
     from tests.models import hf_folders
 
-    tokenizer = hf_tokenizer.load_tokenizer(hf_folders.minilm_dir())
+    tokenizer = tokenizer_files.load_tokenizer(hf_folders.minilm_dir())
     splits = {"validation": kzoo.data.load("kzoo_wnut17", "validation", tfds_dir, as_supervised=True).take(300)}
 
     def batches(split, bucket_boundaries=(16, 24, 32)):

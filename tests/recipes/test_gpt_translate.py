@@ -9,9 +9,9 @@ import tokenizers
 
 import kzoo
 from kzoo import export
-from kzoo.data.tokenizer_json import hugging_face_tokenizer
-from kzoo.data.tokenizers import EOS_ID
 from kzoo.export import litertlm_model
+from kzoo.tokenizers.tokenizer_json import hugging_face_tokenizer
+from kzoo.tokenizers.word_piece import EOS_ID
 from tests.recipes.conftest import check_run_files
 
 

@@ -13,13 +13,13 @@ import pytest
 import tokenizers
 import transformers
 
-from kzoo.models import chat_template
-from kzoo.models.chat_template import ChatTemplateError
-from kzoo.models.chat_template import render_chat_template
-from kzoo.models.hf_tokenizer import HFTokenizer
+from kzoo.tokenizers import chat_template
+from kzoo.tokenizers.chat_template import ChatTemplateError
+from kzoo.tokenizers.chat_template import render_chat_template
+from kzoo.tokenizers.hugging_face import HFTokenizer
 from tests.models import tokenizer_files
 
-TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
+TEMPLATES = Path(__file__).parents[1] / "models" / "data" / "chat_templates"
 # Each checkpoint's template and the special tokens its tokenizer names.
 CHECKPOINTS = {
     "llama-3.2-instruct": {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"},
@@ -493,7 +493,7 @@ def test_training_examples_report_the_template_error_within_its_budget(monkeypat
 
 
 def test_a_gguf_template_is_named_by_its_file():
-    from kzoo.models.gguf_tokenizer import tokenizer_from_gguf
+    from kzoo.checkpoints.gguf.tokenizer import tokenizer_from_gguf
 
     fields = {
         "general.architecture": "llama",

@@ -25,12 +25,12 @@ import transformers
 from sentencepiece import sentencepiece_model_pb2
 
 import kzoo
-from kzoo.models import bpe_pipelines
-from kzoo.models import chat_template
-from kzoo.models import gguf_tokenizer
-from kzoo.models import hf_tokenizer
-from kzoo.models.hf_checkpoint import CheckpointError
-from kzoo.models.hf_tokenizer import HFTokenizer
+from kzoo.checkpoints.errors import CheckpointError
+from kzoo.checkpoints.gguf import tokenizer as gguf_tokenizer
+from kzoo.checkpoints.hf import tokenizer_files as hf_tokenizer_files
+from kzoo.tokenizers import byte_pair
+from kzoo.tokenizers import chat_template
+from kzoo.tokenizers.hugging_face import HFTokenizer
 from tests.models import tokenizer_files
 from tests.models.tokenizer_files import TEXTS
 
@@ -76,7 +76,7 @@ def byte_level_folder(request, tmp_path_factory):
 def test_byte_level_tokenizer_json_gives_the_ids_of_transformers(byte_level_folder):
     """Llama 3's Split regex, Qwen2's (with NFC), SmolLM's Digits and GPT-2's split, each before
     ByteLevel: the ids of transformers and of `tokenizers` on the same file."""
-    ours, file = hf_tokenizer.read_tokenizer_json(byte_level_folder)
+    ours, file = hf_tokenizer_files.read_tokenizer_json(byte_level_folder)
     assert isinstance(ours, HFTokenizer) and file == byte_level_folder / "tokenizer.json"
     reference = transformers.AutoTokenizer.from_pretrained(byte_level_folder)
     raw = tokenizers.Tokenizer.from_file(str(file))
@@ -114,7 +114,7 @@ def test_transformers_5_splits_smollm_without_its_digits_step(tmp_path):
     folder = tokenizer_files.write_byte_level_folder(tmp_path, "smollm")
     settings = json.loads((folder / "tokenizer_config.json").read_text())
     (folder / "tokenizer_config.json").write_text(json.dumps({**settings, "tokenizer_class": "GPT2Tokenizer"}))
-    ours, file = hf_tokenizer.read_tokenizer_json(folder)
+    ours, file = hf_tokenizer_files.read_tokenizer_json(folder)
     raw = tokenizers.Tokenizer.from_file(str(file))
     rebuilt = transformers.AutoTokenizer.from_pretrained(folder)
     for text in ["x   1", "a = [\n    1,\n    22,\n]"]:
@@ -131,7 +131,7 @@ def test_a_sentencepiece_model_gives_the_ids_of_transformers(sentencepiece_folde
     """A folder with only tokenizer.model (Llama 2, Gemma): the ids transformers 5 gives, BOS
     included; and its tokenizer.json (Metaspace for Llama, a Replace normalizer for Gemma, byte
     fallback) read back the same."""
-    ours, file = hf_tokenizer.read_llama_tokenizer(sentencepiece_folder)
+    ours, file = hf_tokenizer_files.read_llama_tokenizer(sentencepiece_folder)
     assert file.name == "tokenizer.model"
     reference = transformers.AutoTokenizer.from_pretrained(sentencepiece_folder)
     texts = TEXTS + with_added_tokens(ours) + ["<s>Hi</s> <bos>x<eos>", "<start_of_turn>user\nHi<end_of_turn>"]
@@ -148,7 +148,7 @@ def test_a_sentencepiece_model_gives_the_ids_of_transformers(sentencepiece_folde
     # The tokenizer.json transformers writes for it.
     reference.save_pretrained(tmp_path)
     (tmp_path / "tokenizer.model").unlink(missing_ok=True)
-    again, file = hf_tokenizer.read_llama_tokenizer(tmp_path)
+    again, file = hf_tokenizer_files.read_llama_tokenizer(tmp_path)
     assert file.name == "tokenizer.json" and again.start_token_id == ours.start_token_id
     assert [ids(again, text) for text in texts] == expected
 
@@ -169,7 +169,7 @@ def test_llama_2s_tokenizer_json_is_sentencepiece(tmp_path):
     folder = tmp_path / "llama2"
     folder.mkdir()
     (folder / "tokenizer.json").write_text(json.dumps(data), encoding="utf-8")
-    ours, _ = hf_tokenizer.read_tokenizer_json(folder)
+    ours, _ = hf_tokenizer_files.read_tokenizer_json(folder)
     processor = sentencepiece.SentencePieceProcessor(model_file=str(model))
     fast = transformers.PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
     for text in TEXTS:
@@ -182,18 +182,18 @@ def test_the_folders_chat_template_and_special_tokens(tmp_path):
     is kept whole in text, as transformers makes it a special token."""
     folder = tokenizer_files.write_byte_level_folder(tmp_path, "gpt2", chat_template="{{ 'from the config' }}")
     reference_tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-    assert hf_tokenizer.read_tokenizer_json(folder)[0].chat_template == "{{ 'from the config' }}"
+    assert hf_tokenizer_files.read_tokenizer_json(folder)[0].chat_template == "{{ 'from the config' }}"
     (folder / "chat_template.json").write_text(json.dumps({"chat_template": "{{ 'from the json' }}"}))
-    assert hf_tokenizer.read_tokenizer_json(folder)[0].chat_template == "{{ 'from the json' }}"
+    assert hf_tokenizer_files.read_tokenizer_json(folder)[0].chat_template == "{{ 'from the json' }}"
     (folder / "chat_template.jinja").write_text("{{ 'from the jinja' }}")
-    ours = hf_tokenizer.read_tokenizer_json(folder)[0]
+    ours = hf_tokenizer_files.read_tokenizer_json(folder)[0]
     reference = transformers.AutoTokenizer.from_pretrained(folder)
     assert ours.chat_template == reference.chat_template == "{{ 'from the jinja' }}"
     assert ours.chat_template_source == str(folder / "chat_template.jinja")
     # A pad token named only in special_tokens_map.json, and one word of the vocabulary.
     word = max(reference_tokenizer.get_vocab(), key=len)
     (folder / "special_tokens_map.json").write_text(json.dumps({"pad_token": {"content": word}}))
-    ours = hf_tokenizer.read_tokenizer_json(folder)[0]
+    ours = hf_tokenizer_files.read_tokenizer_json(folder)[0]
     reference = transformers.AutoTokenizer.from_pretrained(folder)
     assert ours.pad_token == reference.pad_token == word
     text = f"a{word}b {word}"
@@ -206,17 +206,17 @@ def test_written_folders_read_back_in_transformers(kind, tmp_path):
     """`write_hf_tokenizer`: transformers' AutoTokenizer reads the same ids, BOS, special tokens,
     text and chat template back, and so does kzoo."""
     if kind == "gemma":
-        ours, _ = hf_tokenizer.read_llama_tokenizer(
+        ours, _ = hf_tokenizer_files.read_llama_tokenizer(
             tokenizer_files.write_sentencepiece_folder(tmp_path / "in", kind, CHATML)
         )
     else:
-        ours, _ = hf_tokenizer.read_llama_tokenizer(
+        ours, _ = hf_tokenizer_files.read_llama_tokenizer(
             tokenizer_files.write_byte_level_folder(tmp_path / "in", kind, CHATML)
         )
     (tmp_path / "out").mkdir()
-    hf_tokenizer.tokenizer_writer(ours, "llama")(tmp_path / "out")
+    hf_tokenizer_files.tokenizer_writer(ours, "llama")(tmp_path / "out")
     reference = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
-    again, _ = hf_tokenizer.read_llama_tokenizer(tmp_path / "out")
+    again, _ = hf_tokenizer_files.read_llama_tokenizer(tmp_path / "out")
     texts = TEXTS + with_added_tokens(ours)
     start = [ours.start_token_id] if ours.start_token_id is not None else []
     assert [start + ids(ours, text) for text in texts] == [reference.encode(text) for text in texts]
@@ -249,7 +249,9 @@ print(json.dumps({
 def test_a_keras_file_keeps_the_tokenizer_for_a_fresh_process(tmp_path):
     """A task's `.keras` file holds the tokenizer.json (an asset), its special tokens and chat
     template: a new process with `import kzoo` alone tokenizes, renders and generates the same."""
-    ours, _ = hf_tokenizer.read_llama_tokenizer(tokenizer_files.write_byte_level_folder(tmp_path, "qwen2", CHATML))
+    ours, _ = hf_tokenizer_files.read_llama_tokenizer(
+        tokenizer_files.write_byte_level_folder(tmp_path, "qwen2", CHATML)
+    )
     backbone = kzoo.models.GPTBackbone(
         vocabulary_size=ours.vocabulary_size(),
         num_layers=1,
@@ -321,7 +323,7 @@ def test_call_conventions():
 
 def test_the_byte_alphabet_is_byte_levels():
     """`byte_alphabet()[b]` is the character `ByteLevel` writes for the byte b."""
-    alphabet = bpe_pipelines.byte_alphabet()
+    alphabet = byte_pair.byte_alphabet()
     assert len(set(alphabet)) == 256 and set(alphabet) == set(tokenizers.pre_tokenizers.ByteLevel.alphabet())
     for text in ["a ~\n\t\x00", "é😂", "東"]:
         spelled = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False).pre_tokenize_str(text)[
@@ -356,26 +358,26 @@ def test_malformed_files_are_named(tmp_path):
     folder = tokenizer_files.write_byte_level_folder(tmp_path / "json", "gpt2")
     (folder / "tokenizer.json").write_text('{"model": {"type": "BPE"}}')
     with pytest.raises(CheckpointError, match=rf"{folder / 'tokenizer.json'} is not a tokenizer.json"):
-        hf_tokenizer.read_tokenizer_json(folder)
+        hf_tokenizer_files.read_tokenizer_json(folder)
     # Ids with a gap.
     data = json.loads(tokenizer_files.byte_level_tokenizer("gpt2", 300).to_str())
     data["added_tokens"][0]["id"] = data["model"]["vocab"]["<|endoftext|>"] = 1000
     (folder / "tokenizer.json").write_text(json.dumps(data))
     with pytest.raises(CheckpointError, match=r"tokenizer.json: The tokenizer's ids must be 0..299 without gaps"):
-        hf_tokenizer.read_tokenizer_json(folder)
+        hf_tokenizer_files.read_tokenizer_json(folder)
     (folder / "tokenizer.json").write_text(tokenizer_files.byte_level_tokenizer("gpt2", 300).to_str())
     (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": 5}))
     with pytest.raises(CheckpointError, match="tokenizer_config.json: chat_template must be a string; it is a int"):
-        hf_tokenizer.read_tokenizer_json(folder)
+        hf_tokenizer_files.read_tokenizer_json(folder)
     (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": ["a"]}))
     with pytest.raises(CheckpointError, match="eos_token must be a string"):
-        hf_tokenizer.read_tokenizer_json(folder)
+        hf_tokenizer_files.read_tokenizer_json(folder)
     # A SentencePiece model that is not one, or not BPE.
     folder = tmp_path / "spm"
     folder.mkdir()
     (folder / "tokenizer.model").write_bytes(b"\xff\xfenot a model")
     with pytest.raises(CheckpointError, match=rf"{folder / 'tokenizer.model'} is not a SentencePiece model"):
-        hf_tokenizer.read_sentencepiece_tokenizer(folder)
+        hf_tokenizer_files.read_sentencepiece_tokenizer(folder)
     unigram = tokenizer_files.io.BytesIO()
     sentencepiece.SentencePieceTrainer.train(
         sentence_iterator=iter(tokenizer_files.corpus().splitlines()[:3000]),
@@ -386,7 +388,7 @@ def test_malformed_files_are_named(tmp_path):
     )
     (folder / "tokenizer.model").write_bytes(unigram.getvalue())
     with pytest.raises(CheckpointError, match="is a SentencePiece UNIGRAM model; kzoo reads BPE ones"):
-        hf_tokenizer.read_sentencepiece_tokenizer(folder)
+        hf_tokenizer_files.read_sentencepiece_tokenizer(folder)
 
 
 def write_word_level(folder, pre_tokenizer=None, normalizer=None):
@@ -405,7 +407,7 @@ def test_a_regex_that_backtracks_past_the_engine_limit_is_named_with_its_file(tm
     pyo3's PanicException) on a long text: a ValueError naming the file and the pattern."""
     split = tokenizers.pre_tokenizers.Split(tokenizers.Regex("(a+)+$"), behavior="isolated")
     file = write_word_level(tmp_path, split)
-    tokenizer, _ = hf_tokenizer.read_tokenizer_json(tmp_path)
+    tokenizer, _ = hf_tokenizer_files.read_tokenizer_json(tmp_path)
     assert ids(tokenizer, "a") == [0]
     message = (
         f"{file}: the `tokenizers` package failed while tokenizing (Onig: Regex search error: retry-limit-in-match "
@@ -428,13 +430,13 @@ def test_a_tokenizer_json_the_tokenizers_package_panics_on_is_named(tmp_path):
     file = write_word_level(tmp_path / "unreadable", normalizer=charsmap(b""))
     read = 'is not a tokenizer.json the `tokenizers` package reads: Precompiled: Error("Cannot parse'
     with pytest.raises(CheckpointError, match=f"^{file} {re.escape(read)}"):
-        hf_tokenizer.read_tokenizer_json(file.parent)
+        hf_tokenizer_files.read_tokenizer_json(file.parent)
     with pytest.raises(ValueError, match=f"^{file}: the `tokenizers` package failed while reading it"):
         HFTokenizer(file)
     file = write_word_level(tmp_path / "out_of_bounds", normalizer=charsmap(b"\x01\x00\x00\x00"))
     message = f"{file}: the `tokenizers` package failed while tokenizing 'a' (index out of bounds"
     with pytest.raises(CheckpointError, match=f"^{re.escape(message)}"):
-        hf_tokenizer.read_tokenizer_json(file.parent)
+        hf_tokenizer_files.read_tokenizer_json(file.parent)
 
 
 def test_a_byte_fallback_vocabulary_without_its_byte_tokens_warns(tmp_path):
@@ -444,7 +446,7 @@ def test_a_byte_fallback_vocabulary_without_its_byte_tokens_warns(tmp_path):
     backend.save(str(tmp_path / "tokenizer.json"))
     lacks = "but the vocabulary lacks 256 of the 256 (<0x00>, <0x01>, <0x02>, <0x03>, ...)"
     with pytest.warns(UserWarning, match=f"^{tmp_path / 'tokenizer.json'}: characters .*{re.escape(lacks)}"):
-        tokenizer, _ = hf_tokenizer.read_tokenizer_json(tmp_path)
+        tokenizer, _ = hf_tokenizer_files.read_tokenizer_json(tmp_path)
     assert ids(tokenizer, "abc") == [2]  # "c" dropped: what the warning is for
     # A GGUF "llama" vocabulary (SentencePiece, byte fallback) without them, named by its file.
     fields = {
@@ -462,13 +464,13 @@ def test_malformed_vocab_and_merges_files_name_the_file_and_line(tmp_path):
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nhola\nmundo\nhola\n")
     with pytest.raises(CheckpointError, match=rf"{vocab} line 8: the token 'hola' is already on line 6"):
-        hf_tokenizer.read_bert_tokenizer(tmp_path)
+        hf_tokenizer_files.read_bert_tokenizer(tmp_path)
     vocab.write_text("[PAD]\n[UNK]\nhola\n")
     with pytest.raises(CheckpointError, match=rf"{vocab} lacks the tokens \['\[CLS\]', '\[SEP\]', '\[MASK\]'\]"):
-        hf_tokenizer.read_bert_tokenizer(tmp_path)
+        hf_tokenizer_files.read_bert_tokenizer(tmp_path)
     vocab.write_bytes(b"[PAD]\n[UNK]\nhola\xff\n")
     with pytest.raises(CheckpointError, match=rf"{vocab} line 3 is not UTF-8 text"):
-        hf_tokenizer.read_bert_tokenizer(tmp_path)
+        hf_tokenizer_files.read_bert_tokenizer(tmp_path)
     vocab.unlink()
     symbols = "".join(tokenizers.pre_tokenizers.ByteLevel.alphabet())
     (tmp_path / "vocab.json").write_text(json.dumps({**{c: i for i, c in enumerate(symbols)}, "ab": 256}))
@@ -482,7 +484,7 @@ def test_malformed_vocab_and_merges_files_name_the_file_and_line(tmp_path):
     ]:
         merges.write_text(lines)
         with pytest.raises(CheckpointError, match=message):
-            hf_tokenizer.read_gpt2_tokenizer(tmp_path)
+            hf_tokenizer_files.read_gpt2_tokenizer(tmp_path)
 
 
 # === GGUF ===
@@ -642,7 +644,7 @@ def test_gguf_tokenizers_give_the_ids_of_transformers_and_write_back(kind, tmp_p
 
 def test_a_sentencepiece_folder_written_as_gguf_keeps_its_ids(sentencepiece_folder, tmp_path):
     """A tokenizer.model folder's tokenizer, as GGUF scores: transformers' GGUF loader reads its ids."""
-    ours, _ = hf_tokenizer.read_sentencepiece_tokenizer(sentencepiece_folder)
+    ours, _ = hf_tokenizer_files.read_sentencepiece_tokenizer(sentencepiece_folder)
     architecture = "gemma3" if "gemma" in str(sentencepiece_folder) else "llama"
     write_gguf(tmp_path / "t.gguf", architecture, gguf_tokenizer.gguf_tokenizer_fields(ours))
     reference = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file="t.gguf")

@@ -13,12 +13,12 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from kzoo import data
-from kzoo.data.tokenizer_json import hugging_face_tokenizer
-from kzoo.data.tokenizers import SEP_ID
-from kzoo.data.tokenizers import UNK_ID
-from kzoo.models import hf_tokenizer
-from kzoo.models.hf_tokenizer import BertTokenizer
-from kzoo.models.hf_tokenizer import HFTokenizer
+from kzoo.checkpoints.hf.tokenizer_files import read_llama_tokenizer
+from kzoo.tokenizers.bert import BertTokenizer
+from kzoo.tokenizers.hugging_face import HFTokenizer
+from kzoo.tokenizers.tokenizer_json import hugging_face_tokenizer
+from kzoo.tokenizers.word_piece import SEP_ID
+from kzoo.tokenizers.word_piece import UNK_ID
 from tests.models import tokenizer_files
 
 CHARACTER_TOKENIZERS = {
@@ -226,7 +226,7 @@ def test_hf_tokenizers_are_their_own_tokenizer_json(kind, tmp_path):
         folder = tokenizer_files.write_sentencepiece_folder(tmp_path, kind, CHATML)
     else:
         folder = tokenizer_files.write_byte_level_folder(tmp_path, kind, CHATML)
-    tokenizer, _ = hf_tokenizer.read_llama_tokenizer(folder)
+    tokenizer, _ = read_llama_tokenizer(folder)
     added = list(tokenizer.added_tokens().values())
     exported, loaded = check_agreement(tokenizer, tokenizer_files.TEXTS + [f"{added[0]}Hola{added[-1]} mundo"])
     start, stops = {"qwen2": (None, ["<|im_end|>"]), "llama3": (0, ["<|eot_id|>"]), "llama": (1, ["</s>"])}[kind]

@@ -7,9 +7,9 @@ from kzoo.data import SPECIAL_TOKENS
 from kzoo.data import character_tokenizer
 from kzoo.data import load_tokenizer
 from kzoo.data import save_tokenizer
-from kzoo.data import tokenizers
 from kzoo.data import train_word_piece_vocabulary
 from kzoo.data import word_piece_tokenizer
+from kzoo.tokenizers import word_piece
 
 TEXTS = ["The cat sat on the mat.", "The hat is on the cat.", "Cats sit."]
 
@@ -17,13 +17,13 @@ TEXTS = ["The cat sat on the mat.", "The hat is on the cat.", "Cats sit."]
 def test_special_token_ids_are_fixed():
     assert SPECIAL_TOKENS == ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[BOS]", "[EOS]")
     ids = (
-        tokenizers.PAD_ID,
-        tokenizers.UNK_ID,
-        tokenizers.CLS_ID,
-        tokenizers.SEP_ID,
-        tokenizers.MASK_ID,
-        tokenizers.BOS_ID,
-        tokenizers.EOS_ID,
+        word_piece.PAD_ID,
+        word_piece.UNK_ID,
+        word_piece.CLS_ID,
+        word_piece.SEP_ID,
+        word_piece.MASK_ID,
+        word_piece.BOS_ID,
+        word_piece.EOS_ID,
     )
     assert ids == (0, 1, 2, 3, 4, 5, 6)
 
@@ -35,7 +35,7 @@ def test_word_piece_vocabulary_starts_with_the_special_tokens():
     tokenizer = word_piece_tokenizer(vocabulary)
     assert [tokenizer.token_to_id(token) for token in SPECIAL_TOKENS] == list(range(7))
     assert tokenizer.detokenize(tokenizer("The cat sat.")) == "The cat sat ."
-    assert tokenizer("zebra").tolist() == [tokenizers.UNK_ID]
+    assert tokenizer("zebra").tolist() == [word_piece.UNK_ID]
 
 
 def test_lowercase_vocabulary():
