@@ -7,7 +7,6 @@ import numpy as np
 
 from kzoo import files
 from kzoo.checkpoints.errors import CheckpointError
-from kzoo.checkpoints.hf import tokenizer_files
 from kzoo.checkpoints.hf.load import CONFIG_FILE
 from kzoo.checkpoints.hf.safetensors import WEIGHTS_FILE
 from kzoo.checkpoints.tensor_maps import FAMILIES
@@ -100,7 +99,9 @@ def hf_state(model):
 
 def export_to_transformers(model, path):
     """Writes the kzoo backbone or task `model` as a Hugging Face folder; see `Backbone.export_to_transformers`."""
+    from kzoo.checkpoints.hf.tokenizer_files import tokenizer_writer  # keras-hub, tokenizers: only here
+
     config, tensors, family, _ = hf_state(model)
     tokenizer = getattr(model, "tokenizer", None)
-    writer = None if tokenizer is None else tokenizer_files.tokenizer_writer(tokenizer, family.model_type)
+    writer = None if tokenizer is None else tokenizer_writer(tokenizer, family.model_type)
     save(path, tensors, config, writer)
