@@ -9,9 +9,10 @@ Loading is all or nothing, and a file from outside is not trusted:
 - every config field is checked (type and range) and errors name the file and the field;
 - before anything is built, the layer count of the config must match the tensors', and the
   model the config describes must not need more values than the files hold;
-- every tensor is read and checked (present, shaped as the config says, floating point, finite)
-  before any weight is set, all problems are reported together with the file and tensor names,
-  and the model only exists once everything is in place. Tensors the kzoo model has no place
+- the model is built with shapes but no values; every tensor is checked (present, shaped as
+  the config says, floating point) before any is read, then read, checked (finite) and set one
+  map at a time; all problems are reported together with the file and tensor names, and the
+  model is returned only once everything is in place. Tensors the kzoo model has no place
   for (e.g. BERT's next-sentence head) are named in a warning.
 """
 
@@ -167,18 +168,25 @@ def load(cls, path, kwargs, reader=None, config=None, source=None):
     backbone_kwargs = {**family.backbone_config(config, read), **({} if is_task else dict(kwargs))}
     reader = SafetensorsReader(path) if reader is None else reader
     _check_layers(reader, family, backbone_kwargs, source)
-    _check_size(family.backbone_cls, backbone_kwargs, reader, source, path)
-    backbone = family.backbone_cls(**backbone_kwargs)
     head = head_of(family, cls) if is_task else None
     architectures = config.get("architectures") or []
     head_in_checkpoint = head is not None and bool(set(head.architectures) & set(architectures))
+    task_kwargs = {}
     if is_task:
         task_kwargs = dict(kwargs)
         if head_in_checkpoint:
             task_kwargs = {**head.task_config(config), **task_kwargs}
+    # Built with shapes but no values: nothing is allocated before the sizes are checked, and each
+    # weight's memory is filled once, from the file, instead of first with random values.
+    with _compat.deferred_variables() as variables:
+        backbone = family.backbone_cls(**backbone_kwargs)
+    _check_size(backbone, reader, source)
+    if is_task:
         if "tokenizer" not in task_kwargs:
             task_kwargs["tokenizer"] = checkpoint_tokenizer(family, path, config, backbone.vocabulary_size)
-        model = cls(backbone=backbone, **task_kwargs)
+        with _compat.deferred_variables() as task_variables:
+            model = cls(backbone=backbone, **task_kwargs)
+        variables += task_variables
     else:
         model = backbone
     head_maps = head.tensors(model) if head is not None else []
@@ -191,6 +199,8 @@ def load(cls, path, kwargs, reader=None, config=None, source=None):
         path,
         model,
     )
+    for variable in variables:  # those the checkpoint has no value for: their own initializers'
+        _compat.set_variable(variable, None)
     if head_maps and not head_in_checkpoint:
         warnings.warn(
             f"{path} holds no {head.architectures[0]} head (its architectures: {architectures}): "
@@ -228,18 +238,10 @@ def _check_layers(reader, family, backbone_kwargs, source):
         )
 
 
-def _check_size(backbone_cls, backbone_kwargs, reader, source, path):
-    """Refuses a config that needs far more values than the checkpoint holds, without allocating them.
-
-    The backbone is built in a Keras `StatelessScope` that leaves its variables uninitialized:
-    their shapes exist, their memory does not.
-    """
-    import keras
-
-    # Keras would initialize the probe's variables at the next scope's exit: forget them.
-    with _compat.forgotten_uninitialized_variables(), keras.StatelessScope(initialize_variables=False):
-        probe = backbone_cls(**backbone_kwargs)
-        needed = sum(math.prod(variable.shape) for variable in probe.weights)
+def _check_size(backbone, reader, source):
+    """Refuses a config that needs far more values than the checkpoint holds, before allocating them
+    (`backbone`'s variables have shapes but no memory yet)."""
+    needed = sum(math.prod(variable.shape) for variable in backbone.weights)
     held = reader.values()
     if needed > held + max(_SIZE_SLACK * held, _MIN_SIZE_SLACK):
         raise CheckpointError(
@@ -262,10 +264,13 @@ def _tied(head, task):
 
 
 def _load_weights(backbone_maps, head_maps, reader, family, head, path, task=None):
-    """Reads, checks and sets the weights of every map; nothing is set unless all are fine."""
+    """Checks every map's tensors (present, shaped, floating point), then reads, checks (finite)
+    and sets them one map at a time, so that only one map's arrays are in memory beside the
+    model. Any problem raises a `CheckpointError` listing them all; the caller's model is then
+    dropped, so a half-set model is never returned."""
     names = reader.names()
     prefix = _backbone_prefix(names, family)
-    used, problems, fresh, assignments = set(), [], [], []
+    used, problems, fresh, ready = set(), [], [], []
     maps = [(map_, [prefix + name for name in map_.names]) for map_ in backbone_maps]
     maps += [(map_, list(map_.names)) for map_ in head_maps]
     for map_, full in maps:
@@ -290,28 +295,29 @@ def _load_weights(backbone_maps, head_maps, reader, family, head, path, task=Non
             if reader.dtype(name) not in FLOAT_DTYPES
         ]
         problems += wrong
-        if wrong:
-            continue
-        arrays = [reader.read(name) for name in full]
-        problems += [
-            f"tensor {name!r} holds {np.size(a) - np.count_nonzero(np.isfinite(a))} NaN or infinite values"
-            for name, a in zip(full, arrays)
-            if not np.isfinite(a).all()
-        ]
-        arrays = map_.to_keras(arrays)
-        assignments.append((map_, [np.asarray(a).astype(w.dtype) for a, w in zip(arrays, map_.weights)]))
+        if not wrong:
+            ready.append((map_, full))
     for name, source in _tied(head, task).items():
         if name in names:
             used.add(name)
             source = source if source in names else prefix + source
             if source in names and not np.array_equal(reader.read(name), reader.read(source)):
                 problems.append(f"tensor {name!r} differs from {source!r}: kzoo ties the two, so it cannot hold both")
+    for map_, full in ready if not problems else []:
+        arrays = [reader.read(name) for name in full]
+        bad = [
+            f"tensor {name!r} holds {np.size(a) - np.count_nonzero(np.isfinite(a))} NaN or infinite values"
+            for name, a in zip(full, arrays)
+            if not np.isfinite(a).all()
+        ]
+        problems += bad
+        if not problems:
+            for weight, value in zip(map_.weights, map_.to_keras(arrays)):
+                _compat.set_variable(weight, np.asarray(value).astype(weight.dtype, copy=False))
+        del arrays
     if problems:
         sources = ", ".join(reader.sources()) or "no tensors"
         raise CheckpointError(f"Cannot load {path} ({sources}):" + problem_lines(problems))
-    for map_, values in assignments:
-        for weight, value in zip(map_.weights, values):
-            weight.assign(value)
     leftover = sorted(
         name
         for name in names - used
