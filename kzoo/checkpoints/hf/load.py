@@ -263,6 +263,20 @@ def _tied(head, task):
     return head.tied(task) if callable(head.tied) else head.tied
 
 
+def _contiguous(array, dtype, rows=256):
+    """`array` as a C-contiguous array of `dtype`; a transposed view is copied a band of rows of the
+    original at a time, which keeps the reads and writes within the caches (twice as fast as one
+    strided copy)."""
+    array = np.asarray(array)
+    if array.flags.c_contiguous or array.ndim != 2 or not array.T.flags.c_contiguous:
+        return np.ascontiguousarray(array, dtype=dtype)
+    out = np.empty(array.shape, dtype)
+    source = array.T  # contiguous, (columns, rows) of `out`
+    for start in range(0, source.shape[0], rows):
+        out[:, start : start + rows] = source[start : start + rows].T
+    return out
+
+
 def _load_weights(backbone_maps, head_maps, reader, family, head, path, task=None):
     """Checks every map's tensors (present, shaped, floating point), then reads, checks (finite)
     and sets them one map at a time, so that only one map's arrays are in memory beside the
@@ -303,17 +317,16 @@ def _load_weights(backbone_maps, head_maps, reader, family, head, path, task=Non
             source = source if source in names else prefix + source
             if source in names and not np.array_equal(reader.read(name), reader.read(source)):
                 problems.append(f"tensor {name!r} differs from {source!r}: kzoo ties the two, so it cannot hold both")
-    for map_, full in ready if not problems else []:
+    for map_, full in [] if problems else ready:
         arrays = [reader.read(name) for name in full]
-        bad = [
+        problems += [
             f"tensor {name!r} holds {np.size(a) - np.count_nonzero(np.isfinite(a))} NaN or infinite values"
             for name, a in zip(full, arrays)
             if not np.isfinite(a).all()
         ]
-        problems += bad
         if not problems:
             for weight, value in zip(map_.weights, map_.to_keras(arrays)):
-                _compat.set_variable(weight, np.asarray(value).astype(weight.dtype, copy=False))
+                _compat.set_variable(weight, _contiguous(value, weight.dtype))
         del arrays
     if problems:
         sources = ", ".join(reader.sources()) or "no tensors"
