@@ -41,7 +41,9 @@ LONGEST_FIRST = (
 TIERS = {
     "fast": "every layer, model, format and file reader on tiny configs",
     "parity": "kzoo against transformers, keras-hub and torch on the same weights or tokenizer",
-    "e2e": "recipes, real checkpoints (SmolLM2, all-MiniLM), bundles in the LiteRT-LM and LiteRT runtimes",
+    "e2e": "whole workflows: recipes, real checkpoints (SmolLM2, all-MiniLM), bundles in the LiteRT-LM runtime, "
+    "every tokenizer in every export format, a file read back in a fresh process or under JAX, distributed "
+    "training, the docs' examples",
     "slow": "the long tests beyond CI",
 }
 TIER_SETS = {"all": ("fast", "parity", "e2e")}  # `--tier all` is what CI runs
@@ -50,7 +52,8 @@ TIER_SETS = {"all": ("fast", "parity", "e2e")}  # `--tier all` is what CI runs
 # 1. the `slow` marker;
 # 2. a `parity` or `e2e` marker, on the test or its module (`pytestmark`);
 # 3. TIER_TABLE below;
-# 4. e2e: a test that uses a real checkpoint's fixture (`smollm2...`, `minilm...`);
+# 4. e2e: a test that uses a real checkpoint's fixture (`smollm2...`, `minilm...`), or whose name says
+#    it reads a file back in a fresh process (`..._in_a_fresh_process`);
 # 5. parity: a test named for the library it is compared with (`..._matches_transformers`);
 # 6. fast.
 # TIER_TABLE names test folders (`recipes/`), modules by file name (`test_x.py`, so that a module
@@ -65,7 +68,17 @@ TIER_TABLE = {
         "test_litertlm_families.py",
         "test_serving_examples.py",
         "test_quiet.py",
-        "test_distributed_fit.py::test_a_killed_run_resumes_to_the_weights_and_history_of_an_uninterrupted_one",
+        "test_distributed_fit.py",
+        "test_model_parallel.py::test_a_sharded_decoder_gives_the_unsharded_logits_and_lora_steps",
+        "test_docs.py::test_docstring_examples_print_what_they_show",
+        "test_text_signatures.py",
+        "test_tokenizer_formats.py",
+        "test_litertlm_int4.py",
+        "test_representative_data.py::test_character_gpt_on_tiny_shakespeare",
+        "test_variable_length_fit.py",
+        "test_jax_backend.py::test_model_saved_under_tensorflow_gives_the_same_outputs_and_trains_under_jax",
+        "test_feed_forward_lm.py::test_saved_under_tensorflow_gives_the_same_logits_under_jax",
+        "test_logs.py",
     ),
     "parity": (),
 }
@@ -111,6 +124,8 @@ def tier_of(item):
         if keys.intersection(entries):
             return tier
     if any(fixture.split("_")[0] in REAL_CHECKPOINT_FIXTURES for fixture in getattr(item, "fixturenames", ())):
+        return "e2e"
+    if "_in_a_fresh_process" in name:
         return "e2e"
     if PEER_IN_NAME.search(name):
         return "parity"

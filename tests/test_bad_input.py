@@ -406,6 +406,7 @@ def test_bad_input_is_refused_with_a_message_naming_it(call, error, status, mess
     assert message in text
 
 
+@pytest.mark.e2e  # a recipe or an export, killed or failing, in another process
 def test_a_nan_loss_stops_the_recipe_and_saves_nothing_over_its_model(tfds_dir, tmp_path, capsys):
     """A learning rate far too high: the loss turns NaN or Inf; training stops there (exit
     status 1, with a message), no model is written and the last backup stays finite."""
@@ -417,6 +418,7 @@ def test_a_nan_loss_stops_the_recipe_and_saves_nothing_over_its_model(tfds_dir, 
     assert not (tmp_path / "run" / "model.keras").exists() and not (tmp_path / "run" / "metrics.json").exists()
 
 
+@pytest.mark.e2e  # a recipe or an export, killed or failing, in another process
 def test_a_killed_export_leaves_no_hidden_folder_once_the_next_one_ran(files, tmp_path):
     """SIGKILL during an export leaves its `.out.<host>-<pid>.*.partial` staging folder; the next
     export to the same path removes it (its process is dead) and writes a complete export."""

@@ -45,6 +45,7 @@ ITEMS = {
     Item("tests/test_docs.py", "test_readme_examples_run"): "e2e",
     Item("tests/elsewhere/test_smollm2.py", "test_a_module_moved_keeps_its_tier"): "e2e",
     Item("tests/test_real.py", "test_the_real_file_reads", fixtures=["tmp_path", "smollm2_reader"]): "e2e",
+    Item("tests/models/test_x.py", "test_keras_round_trip_in_a_fresh_process"): "e2e",
     Item("tests/test_long.py", "test_long_and_named_for_keras_hub", marks=["slow", "e2e"]): "slow",
 }
 
