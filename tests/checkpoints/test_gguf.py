@@ -550,6 +550,23 @@ def test_a_truncated_file_is_refused_naming_what_is_cut(tmp_path, cut, named):
     assert "truncated" in assert_refused(path, named)
 
 
+def test_a_vocabulary_cut_inside_a_token_or_not_utf8_is_refused_naming_the_field(tmp_path):
+    """Token lists are read in one loop of their own: a cut or a bad byte in one is still named."""
+    path = write_llama_cpp(tmp_path / "m.gguf")
+    reader = gguf.GGUFReader(path)
+    tokens = reader.fields["tokenizer.ggml.tokens"]
+    third = tokens.parts[tokens.data[2]]  # the bytes of the third token, "t2"
+    start = third.ctypes.data - np.asarray(reader.data).ctypes.data
+    data = bytes(reader.data)
+    del reader
+    path.write_bytes(data[: start + 1])
+    assert "truncated" in assert_refused(path, "tokenizer.ggml.tokens")
+    path.write_bytes(data[:start] + b"\xff" + data[start + 1 :])
+    assert_refused(path, "tokenizer.ggml.tokens", "not UTF-8")
+    path.write_bytes(data)
+    assert GGUFCheckpoint(path).metadata["tokenizer.ggml.tokens"][:3] == ["t0", "t1", "t2"]
+
+
 def test_a_tensor_past_the_end_of_the_file_is_refused_before_it_is_read(tmp_path):
     path = write_llama_cpp(tmp_path / "m.gguf")
     patch(path, lambda reader: tensor_field(reader, "blk.0.ffn_up.weight").parts[5].fill(2**40))

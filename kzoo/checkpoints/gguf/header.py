@@ -27,6 +27,7 @@ FLOATS = {_V.FLOAT32, _V.FLOAT64}
 _MAX_DIMS = 4  # GGML_MAX_DIMS
 # Arrays nested deeper are refused: llama.cpp's fields are flat arrays, and each level is a
 # recursive call (a hostile file of 20,000 levels would exhaust Python's stack).
+_LENGTH = struct.Struct("<Q")  # a string's byte count
 _MAX_ARRAY_DEPTH = 8
 
 
@@ -166,7 +167,29 @@ class Header:
         if item_type in _FORMATS:
             start = self.take(count * least, what)
             return np.frombuffer(self.data, np.dtype("<" + _FORMATS[item_type]), count, start).tolist()
+        if item_type == _V.STRING:
+            return self.strings(count, what)
         return [self.value(item_type, what, depth) for _ in range(count)]
+
+    def strings(self, count, what):
+        """`count` strings, as `string` reads them, in one tight loop: a vocabulary holds hundreds of
+        thousands. Where one is short of bytes or not UTF-8, `string` reads it again to say so."""
+        data, position, size = self.data, self.position, len(self.data)
+        length_at = _LENGTH.unpack_from
+        items = []
+        for _ in range(count):
+            stop = position + 8 + (length_at(data, position)[0] if position + 8 <= size else 0)
+            if stop > size:
+                break
+            try:
+                items.append(data[position + 8 : stop].decode("utf-8"))
+            except UnicodeDecodeError:
+                break
+            position = stop
+        self.position = position
+        if len(items) < count:
+            self.string(what)  # raises, naming the field and the bytes
+        return items
 
     def tensor(self, name, shape, raw_type, start):
         """The tensor's `_Tensor`, or what is wrong with it."""
