@@ -101,6 +101,7 @@ DOCTEST_MODULES = [
     "kzoo.models.decoder.decoder_hf",
     "kzoo.models.decoder.decoder_presets",
     "kzoo.models.decoder.reply_logits",
+    "kzoo.models.decoder.speculative",
     "kzoo.models.feed_forward",
     "kzoo.models.feed_forward.context_window",
     "kzoo.models.feed_forward.feed_forward_language_model",

@@ -142,6 +142,8 @@ class CausalLM(Task):
         sampler="greedy",
         stop_token_ids=None,
         jit_compile=True,
+        draft_model=None,
+        draft_tokens=None,
     ):
         """Continues each prompt, one token at a time, with the KV cache.
 
@@ -168,6 +170,13 @@ class CausalLM(Task):
             stop_token_ids: ids that end a row (e.g. the end-of-text id);
                 later slots of that row stay padding.
             jit_compile: bool, compile the loop with XLA (TensorFlow).
+            draft_model: None, or a smaller `CausalLM` with the same vocabulary (and
+                tokenizer) for speculative decoding (`kzoo.models.decoder.speculative`): it
+                proposes `draft_tokens` tokens, this model checks them in one step, and the
+                output is this model's own (greedy: token for token; sampled: in
+                distribution). One prompt at a time; not with beam search.
+            draft_tokens: with `draft_model`, None (4) or an int in [1, 64], the tokens
+                proposed per step (clamped to the new tokens asked).
 
         Returns:
             For a list: a list of id lists (prompt + continuation, up to and
@@ -191,11 +200,30 @@ class CausalLM(Task):
                 )
             texts = [prompts] if isinstance(prompts, (str, bytes)) else list(prompts)
             starts = [packing.prompt_ids(self.tokenizer, text) for text in texts]
-            rows = self.generate(starts, max_length, max_new_tokens, sampler, stop_token_ids, jit_compile)
+            rows = self.generate(
+                starts, max_length, max_new_tokens, sampler, stop_token_ids, jit_compile, draft_model, draft_tokens
+            )
             skip = len(packing.start_ids(self.tokenizer))
             outputs = [packing.detokenize(self.tokenizer, row[skip:]) for row in rows]
             return outputs[0] if isinstance(prompts, (str, bytes)) else outputs
 
+        if draft_model is not None:
+            from kzoo.models.decoder import speculative
+
+            outputs, _ = speculative.generate(
+                self,
+                prompts,
+                draft_model=draft_model,
+                draft_tokens=draft_tokens,
+                max_length=max_length,
+                max_new_tokens=max_new_tokens,
+                sampler=sampler,
+                stop_token_ids=stop_token_ids,
+                jit_compile=jit_compile,
+            )
+            return outputs
+        if draft_tokens is not None:
+            raise ValueError(f"`draft_tokens` needs a `draft_model`; received draft_tokens={draft_tokens!r} alone.")
         return generation.generate(
             self,
             prompts,
@@ -236,7 +264,16 @@ class CausalLM(Task):
             fields = gguf_tokenizer_fields(self.tokenizer)
         gguf_writer.write_gguf(path, config, tensors, fields, file_type, overwrite=overwrite)
 
-    def chat(self, messages, max_new_tokens=None, sampler="greedy", jit_compile=True, **template_variables):
+    def chat(
+        self,
+        messages,
+        max_new_tokens=None,
+        sampler="greedy",
+        jit_compile=True,
+        draft_model=None,
+        draft_tokens=None,
+        **template_variables,
+    ):
         """The assistant's reply to a conversation, prompted as the model was trained to be prompted.
 
         The messages are rendered with the tokenizer's chat template (as transformers'
@@ -253,6 +290,7 @@ class CausalLM(Task):
                 >= 1, the longest reply.
             sampler: as in `generate`.
             jit_compile: bool, as in `generate`.
+            draft_model, draft_tokens: speculative decoding, as in `generate`.
             **template_variables: other variables of the template (e.g. `enable_thinking`).
 
         Returns:
@@ -295,7 +333,15 @@ class CausalLM(Task):
             )
         stop = chat_template.stop_token_ids(tokenizer)
         length = min(limit, -(-(len(prompt) + max_new_tokens) // CHAT_LENGTH_STEP) * CHAT_LENGTH_STEP)
-        ids = self.generate([prompt], max_length=length, sampler=sampler, stop_token_ids=stop, jit_compile=jit_compile)
+        ids = self.generate(
+            [prompt],
+            max_length=length,
+            sampler=sampler,
+            stop_token_ids=stop,
+            jit_compile=jit_compile,
+            draft_model=draft_model,
+            draft_tokens=draft_tokens,
+        )
         reply = ids[0][len(prompt) :][:max_new_tokens]
         if reply and reply[-1] in stop:
             reply = reply[:-1]

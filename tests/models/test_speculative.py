@@ -1,0 +1,226 @@
+"""Speculative decoding (`generate(..., draft_model=...)`): the target's own greedy output token
+for token, its own sampling distribution, stop tokens, chat, the acceptance counts, and the
+errors for a draft that cannot serve.
+
+Most tests trace the loop as a TensorFlow graph (`jit_compile=False`), the code XLA compiles by
+default; one checks that XLA gives the same tokens.
+"""
+
+import keras
+import numpy as np
+import pytest
+
+import kzoo
+from kzoo import samplers
+from kzoo.models.decoder import speculative
+from kzoo.tokenizers import HFTokenizer
+from tests.models import tokenizer_files
+
+LENGTH = 24
+
+
+@pytest.fixture(scope="module")
+def target():
+    keras.utils.set_random_seed(3)
+    lm = kzoo.models.CausalLM.from_preset("llama_tiny")
+    # Larger logits than the default init: no near-ties for float rounding to flip.
+    lm.set_weights([w * 3 for w in lm.get_weights()])
+    return lm
+
+
+@pytest.fixture(scope="module")
+def draft():
+    """Another architecture (GPT-2's) of the same vocabulary: it rarely agrees with the target."""
+    keras.utils.set_random_seed(4)
+    lm = kzoo.models.GPTCausalLM.from_preset("gpt_tiny")
+    lm.set_weights([w * 3 for w in lm.get_weights()])
+    return lm
+
+
+def speculate(target, prompt, **kwargs):
+    kwargs = {"max_length": LENGTH, "jit_compile": False, **kwargs}
+    return speculative.generate(target, prompt if isinstance(prompt, dict) else [prompt], **kwargs)
+
+
+@pytest.mark.parametrize(
+    "prompt, draft_tokens",
+    [([7], 1), ([7], 4), ([7, 3, 9, 1, 2, 5, 8], 3)],
+    ids=["one_token-1", "one_token-4", "seven_tokens-3"],
+)
+def test_greedy_output_is_the_targets_own(target, draft, prompt, draft_tokens):
+    """One token of prompt (nothing before it to run again), and seven (a prefill of four, the
+    rest read in the rounds); a draft that disagrees and the target drafting for itself."""
+    expected = target.generate([prompt], max_length=LENGTH, jit_compile=False)
+    ids, stats = speculate(target, prompt, draft_model=draft, draft_tokens=draft_tokens)
+    assert ids == expected
+    assert stats.accepted < stats.proposed / 2  # a draft that rarely agrees: the rejection path ran
+    ids, stats = speculate(target, prompt, draft_model=target, draft_tokens=draft_tokens)
+    assert ids == expected
+    assert stats.accepted == stats.proposed and stats.acceptance_rate == 1.0
+    # Every round yields k + 1 tokens (the last round what is left).
+    assert stats.target_steps <= -(-(LENGTH - len(prompt)) // (draft_tokens + 1)) + 2
+
+
+def test_xla_gives_the_same_tokens(target, draft):
+    prompt = [7, 3, 9]
+    expected = target.generate([prompt], max_length=LENGTH)
+    assert target.generate([prompt], max_length=LENGTH, draft_model=draft) == expected
+
+
+def test_stops_at_the_first_stop_token_the_target_emits(target, draft):
+    prompt = [7, 3]
+    plain = target.generate([prompt], max_length=LENGTH, jit_compile=False)[0]
+    stop = plain[len(prompt) + 4]  # the fifth new token: within the first or second round
+    expected = target.generate([prompt], max_length=LENGTH, stop_token_ids=[stop], jit_compile=False)
+    assert expected[0][-1] == stop and len(expected[0]) <= len(prompt) + 5
+    for model in (draft, target):
+        ids, _ = speculate(target, prompt, draft_model=model, draft_tokens=3, stop_token_ids=[stop])
+        assert ids == expected
+    # The arrays of a dict prompt: what follows the stop stays padding, out of the mask.
+    packed = {"token_ids": np.array([prompt + [0] * 6]), "padding_mask": np.array([[1, 1] + [0] * 6])}
+    expected = target.generate(packed, max_length=LENGTH, stop_token_ids=[stop], jit_compile=False)
+    ids, _ = speculate(target, packed, draft_model=target, draft_tokens=3, stop_token_ids=[stop])
+    np.testing.assert_array_equal(ids["token_ids"], expected["token_ids"])
+    np.testing.assert_array_equal(ids["padding_mask"], expected["padding_mask"])
+
+
+def test_draft_tokens_past_the_new_tokens_are_clamped(target, draft):
+    ids, stats = speculate(target, [7, 3], draft_model=draft, draft_tokens=64, max_length=None, max_new_tokens=3)
+    assert ids == target.generate([[7, 3]], max_new_tokens=3, jit_compile=False)
+    assert stats.draft_tokens == 3
+    _, stats = speculate(target, [7, 3], draft_model=draft, max_length=None, max_new_tokens=8)
+    assert stats.draft_tokens == speculative.DEFAULT_DRAFT_TOKENS == 4
+
+
+def tiny_lm(seed, vocabulary_size=6):
+    keras.utils.set_random_seed(seed)
+    backbone = kzoo.models.DecoderBackbone(
+        vocabulary_size=vocabulary_size,
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+        max_sequence_length=8,
+    )
+    lm = kzoo.models.CausalLM(backbone)
+    lm.set_weights([w * 4 for w in lm.get_weights()])  # peaked, but not one-hot, distributions
+    return lm
+
+
+def exact_distribution(lm, prompt, sampler, steps):
+    """The probability of every continuation of `steps` tokens `(V,) * steps`, as `sampler` draws."""
+    vocabulary_size = lm.backbone.vocabulary_size
+    prefixes = np.array([prompt], "int32")
+    joint = np.ones((1,))
+    for _ in range(steps):
+        logits = np.asarray(lm({"token_ids": prefixes, "padding_mask": np.ones_like(prefixes)}))[:, -1]
+        p = np.asarray(speculative.distribution(sampler, logits), "float64")
+        joint = (joint[:, None] * p).reshape(-1)
+        prefixes = np.concatenate(
+            [np.repeat(prefixes, vocabulary_size, axis=0), np.tile(np.arange(vocabulary_size), len(prefixes))[:, None]],
+            axis=1,
+        ).astype("int32")
+    return joint
+
+
+def chi_square_p_value(counts, expected_probabilities):
+    """Pearson's test of `counts` against the probabilities, cells of expected count < 5 pooled."""
+    from scipy import stats
+
+    expected = expected_probabilities / expected_probabilities.sum() * counts.sum()
+    small = expected < 5
+    observed = np.append(counts[~small], counts[small].sum())
+    expected = np.append(expected[~small], expected[small].sum())
+    return stats.chisquare(observed, expected).pvalue
+
+
+@pytest.mark.parametrize(
+    "sampler", [samplers.RandomSampler(), samplers.TopKSampler(k=3, temperature=0.8)], ids=["random", "top_k"]
+)
+def test_sampling_keeps_the_targets_distribution(sampler):
+    """The first three new tokens (216 continuations), drawn 800 times with a draft of other
+    weights, against the target's exact distribution: the rejection rule (accept with
+    min(1, p / q), else draw from max(0, p - q)) gives p itself, where sampling from the draft
+    would be far off."""
+    target, draft = tiny_lm(1), tiny_lm(2)
+    prompt, steps, runs = [3], 3, 800
+    p = exact_distribution(target, prompt, sampler, steps)
+    q = exact_distribution(draft, prompt, sampler, steps)
+    assert 0.5 * np.abs(p - q).sum() > 0.4  # the draft's own sampling would fail the test
+    counts = np.zeros(p.shape)
+    proposed = accepted = 0
+    for seed in range(runs):
+        config = {key: value for key, value in sampler.get_config().items() if key != "seed"}
+        seeded = type(sampler)(**config, seed=seed)
+        ids, stats = speculative.generate(
+            target, [prompt], draft_model=draft, draft_tokens=2, max_new_tokens=steps, sampler=seeded
+        )
+        counts[np.ravel_multi_index(ids[0][1:], (6,) * steps)] += 1
+        proposed, accepted = proposed + stats.proposed, accepted + stats.accepted
+    assert 0.1 < accepted / proposed < 0.9  # both the acceptance and the rejection ran
+    assert chi_square_p_value(counts, p) > 1e-3
+    assert chi_square_p_value(counts, q) < 1e-6
+
+
+def chatml_tokenizer(eos_token="<|im_end|>"):
+    backend = tokenizer_files.byte_level_tokenizer("gpt2", 300)
+    backend.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+    template = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    return HFTokenizer(backend, chat_template=template, eos_token=eos_token)
+
+
+def test_chat_with_a_draft_replies_as_without(target):
+    tokenizer = chatml_tokenizer()
+    size = tokenizer.vocabulary_size()
+    keras.utils.set_random_seed(5)
+    lm = kzoo.models.CausalLM(
+        kzoo.models.DecoderBackbone.from_preset("llama_tiny", vocabulary_size=size), tokenizer=tokenizer
+    )
+    keras.utils.set_random_seed(6)
+    backbone = kzoo.models.DecoderBackbone.from_preset("llama_tiny", vocabulary_size=size, num_layers=1)
+    small = kzoo.models.CausalLM(backbone, tokenizer=chatml_tokenizer())  # an equal tokenizer, not the same object
+    messages = [{"role": "user", "content": "Hi there"}]
+    expected = lm.chat(messages, max_new_tokens=6, jit_compile=False)
+    assert lm.chat(messages, max_new_tokens=6, jit_compile=False, draft_model=small, draft_tokens=2) == expected
+    assert lm.generate("Hi", max_new_tokens=5, jit_compile=False, draft_model=small) == lm.generate(
+        "Hi", max_new_tokens=5, jit_compile=False
+    )
+    other = kzoo.models.CausalLM(backbone, tokenizer=chatml_tokenizer(eos_token="<|im_start|>"))
+    with pytest.raises(
+        ValueError, match=r"`draft_model`'s tokenizer differs from the target's: its end_token_id is 300"
+    ):
+        lm.chat(messages, max_new_tokens=6, draft_model=other)
+
+
+def test_bad_drafts_are_refused_naming_the_argument(target, draft):
+    prompt = [[7, 3]]
+    with pytest.raises(ValueError, match=r"`draft_model` must be a kzoo CausalLM; received BertBackbone"):
+        target.generate(prompt, max_new_tokens=4, draft_model=kzoo.models.BertBackbone.from_preset("bert_tiny"))
+    with pytest.raises(ValueError, match=r"`draft_model` must have the target's vocabulary_size \(256\); .* 6"):
+        target.generate(prompt, max_new_tokens=4, draft_model=tiny_lm(0))
+    short = kzoo.models.CausalLM(kzoo.models.DecoderBackbone.from_preset("llama_tiny", max_sequence_length=16))
+    with pytest.raises(ValueError, match=r"`draft_model` has a maximum sequence length of 16, shorter than the 20"):
+        target.generate(prompt, max_length=20, draft_model=short)
+    with pytest.raises(ValueError, match=r"`draft_model` supports batch size 1 only.* received 2 prompts"):
+        target.generate([[7, 3], [5]], max_new_tokens=4, draft_model=draft)
+    with pytest.raises(ValueError, match=r"`sampler` cannot be beam search with `draft_model`"):
+        target.generate(prompt, max_new_tokens=4, sampler="beam", draft_model=draft)
+    for bad in (0, 65, 2.5, True, "4"):
+        with pytest.raises(ValueError, match=r"`draft_tokens` must be an int in \[1, 64\]; received"):
+            target.generate(prompt, max_new_tokens=4, draft_model=draft, draft_tokens=bad)
+    with pytest.raises(ValueError, match=r"`draft_tokens` needs a `draft_model`"):
+        target.generate(prompt, max_new_tokens=4, draft_tokens=4)
+
+
+def test_tokenizers_must_match():
+    backbone = kzoo.models.DecoderBackbone.from_preset("llama_tiny", vocabulary_size=128)
+    lm = kzoo.models.CausalLM(backbone, tokenizer=kzoo.tokenizers.CharacterTokenizer(128))
+    fewer = kzoo.models.CausalLM(backbone, tokenizer=kzoo.tokenizers.CharacterTokenizer(100))
+    with pytest.raises(
+        ValueError, match=r"tokenizer differs from the target's: the draft has 100 tokens, the target 128"
+    ):
+        lm.generate([[72]], max_new_tokens=2, draft_model=fewer)
+    speculative.check_draft_model(lm, kzoo.models.CausalLM(backbone))  # a draft without a tokenizer: ids alone
