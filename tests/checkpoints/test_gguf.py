@@ -27,6 +27,7 @@ from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 from kzoo import files
 from kzoo.checkpoints.errors import CheckpointError
 from kzoo.checkpoints.families import written_as_gguf
+from kzoo.checkpoints.gguf import quantization
 from kzoo.checkpoints.gguf import reader as gguf_reader
 from kzoo.checkpoints.gguf.quantization import FILE_TYPES
 from kzoo.checkpoints.gguf.quantization import SUPPORTED_TYPES
@@ -859,3 +860,18 @@ def test_a_gemma_file_reads_its_tokenizer_as_gemma_s_as_transformers_does(tmp_pa
     expected = [reference.encode(text) for text in texts]
     assert [[ours.start_token_id, *np.asarray(ours(text)).tolist()] for text in texts] == expected
     assert GGUFCheckpoint(path).tokenizer().special_tokens_map == ours.special_tokens_map
+
+
+@pytest.mark.parametrize("name", [t for t in SUPPORTED_TYPES if t not in ("F32", "F16", "BF16")])
+def test_dequantizing_in_row_groups_on_every_core_gives_ggufs_values(name, monkeypatch):
+    """kzoo calls gguf's block arithmetic on larger row groups, in threads: the values must be gguf's own,
+    bit for bit, for every block type, over several groups and a last partial one."""
+    monkeypatch.setattr(quantization, "GROUP_VALUES", 3 * 512)
+    qtype = Q[name]
+    block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    shape = (7, 512)  # 7 rows of 512 values: groups of 3 rows (3, 3, 1), then of 1
+    raw = np.random.default_rng(0).integers(0, 256, 7 * (512 // block) * type_size, dtype=np.uint8)
+    expected = gguf.quants.dequantize(raw.reshape(7, -1), qtype)
+    np.testing.assert_array_equal(quantization.dequantize(raw, qtype, shape), expected)
+    monkeypatch.setattr(quantization, "GROUP_VALUES", 512)
+    np.testing.assert_array_equal(quantization.dequantize(raw, qtype, shape), expected)

@@ -3,9 +3,12 @@
 The arithmetic of each type is `gguf.quants`'; this module is kzoo's side of it.
 """
 
+import concurrent.futures
 import math
+import os
 
 import gguf
+import numpy as np
 
 # Every type `gguf.quants.dequantize` turns into float32.
 SUPPORTED_TYPES = (
@@ -30,11 +33,41 @@ def byte_size(tensor_type, shape):
     return math.prod(shape) // block * type_size
 
 
+# Values dequantized per call of a block type's `dequantize_rows`: gguf's own `dequantize` calls it on 16
+# rows at a time, where NumPy's fixed cost per operation dominates; this many values keep each call's
+# temporaries within the caches (a few MB), and let calls run on every core (NumPy releases the GIL on
+# large arrays).
+GROUP_VALUES = 1 << 18
+_FLOATS = ("F32", "F16", "BF16")
+
+
 def dequantize(raw, tensor_type, shape):
     """The float32 values of `raw` (the tensor's bytes, a uint8 array) of `tensor_type` and
-    Hugging Face `shape` (rows last); F32's are a view of `raw`."""
+    Hugging Face `shape` (rows last), exactly as `gguf.quants.dequantize` gives them; F32's are a
+    view of `raw`. Block types are dequantized in groups of rows on every core."""
     block, type_size = gguf.GGML_QUANT_SIZES[tensor_type]
-    return gguf.quants.dequantize(raw.reshape(*shape[:-1], shape[-1] // block * type_size), tensor_type)
+    rows = raw.reshape(-1, shape[-1] // block * type_size)
+    quant = getattr(gguf.quants, tensor_type.name, None)
+    if tensor_type.name in _FLOATS or quant is None or rows.shape[0] == 1:
+        return gguf.quants.dequantize(rows.reshape(*shape[:-1], -1), tensor_type)
+    quant.init_grid()  # the IQ types' lookup grid, once
+    out = np.empty((rows.shape[0], shape[-1]), np.float32)
+    step = max(1, GROUP_VALUES // shape[-1])
+
+    def group(start):
+        out[start : start + step] = quant.dequantize_rows(rows[start : start + step])
+
+    starts = range(0, rows.shape[0], step)
+    if len(starts) == 1:
+        group(0)
+    else:
+        with concurrent.futures.ThreadPoolExecutor(_cores()) as pool:
+            list(pool.map(group, starts))
+    return out.reshape(shape)
+
+
+def _cores():
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def written_type(gguf_name, array, file_type):
