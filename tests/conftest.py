@@ -73,6 +73,7 @@ TIER_TABLE = {
         "test_docs.py::test_docstring_examples_print_what_they_show",
         "test_text_signatures.py",
         "test_tokenizer_formats.py",
+        "test_families.py",
         "test_litertlm_int4.py",
         "test_representative_data.py::test_character_gpt_on_tiny_shakespeare",
         "test_variable_length_fit.py",
