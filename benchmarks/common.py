@@ -105,7 +105,9 @@ def bandwidth_meter(num_bytes, repeats=7):
     """
     import numpy as np
 
-    cores = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    from kzoo.config import cpu_cores
+
+    cores = cpu_cores()
     array = np.ones(max(cores, num_bytes // 4), "float32")
     slices = np.array_split(array, cores)
 

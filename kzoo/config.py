@@ -45,6 +45,11 @@ def add_xla_flags(environ=os.environ):
     environ["XLA_FLAGS"] = " ".join(flags)
 
 
+def cpu_cores():
+    """The cores this process may run on (its CPU affinity where the OS reports one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def set_fused_training(enabled):
     """Turns kzoo's fused training ops on (the default) or off, everywhere.
 

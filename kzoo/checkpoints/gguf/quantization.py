@@ -5,10 +5,11 @@ The arithmetic of each type is `gguf.quants`'; this module is kzoo's side of it.
 
 import concurrent.futures
 import math
-import os
 
 import gguf
 import numpy as np
+
+from kzoo import config
 
 # Every type `gguf.quants.dequantize` turns into float32.
 SUPPORTED_TYPES = (
@@ -61,13 +62,9 @@ def dequantize(raw, tensor_type, shape):
     if len(starts) == 1:
         group(0)
     else:
-        with concurrent.futures.ThreadPoolExecutor(_cores()) as pool:
+        with concurrent.futures.ThreadPoolExecutor(config.cpu_cores()) as pool:
             list(pool.map(group, starts))
     return out.reshape(shape)
-
-
-def _cores():
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def written_type(gguf_name, array, file_type):
