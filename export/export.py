@@ -59,9 +59,15 @@ def make_parser():
     )
     parser.add_argument("--tokenizer-dir", help="where the model's tokenizer.json is (default: the model's folder)")
     parser.add_argument("--data-dir", help="the tensorflow-datasets folder (default: tfds' own)")
-    parser.add_argument("--max-length", type=count, help="the full sequence length checked (default: the model's)")
     parser.add_argument(
-        "--cache-length", type=count, help="positions of the TFLite KV cache (default: the model's maximum)"
+        "--max-length",
+        type=count,
+        help="the full sequence length checked (default: 256, or the model's maximum or the cache where shorter)",
+    )
+    parser.add_argument(
+        "--cache-length",
+        type=count,
+        help="positions of the exported KV cache (default: the model's maximum, capped at 4,096)",
     )
     parser.add_argument(
         "--prefill-lengths",

@@ -49,6 +49,13 @@ DEFAULT_FORMATS = ("savedmodel", "tflite_fp32", "tflite_fp16", "tflite_int8_dyna
 REPORT_FILE = "export_report.json"
 # Rows compared with Keras at each checked length.
 COMPARED_ROWS = 4
+# Held-out rows run at a time for the quality figures (each batch's logits are rows x length x vocabulary).
+REFERENCE_ROWS = 4
+# The full length checked when no `max_length` is given (or the model's maximum, or the cache,
+# where shorter): each check is a pass of this length per held-out row, on the Keras model and
+# on every file, and the LiteRT-LM check holds its rows' logits (8 x 256 x 151,936 float32s,
+# 1.2 GB, at Qwen2.5's vocabulary).
+DEFAULT_CHECK_LENGTH = 256
 
 
 def export(
@@ -116,11 +123,12 @@ def export(
             SavedModel has no text signature.
         data_dir: the tensorflow-datasets folder for `representative_data`
             (`kzoo.data.load`'s `data_dir`).
-        max_length: int, the full sequence length checked; defaults to the
-            model's maximum (128 for models without a position table), or to
-            `cache_length` where that is shorter.
-        cache_length: int, the TFLite KV cache positions; defaults to the
-            model's maximum sequence length.
+        max_length: int, the full sequence length checked; defaults to the shortest of
+            `DEFAULT_CHECK_LENGTH` (256), the model's maximum (128 for models without a
+            position table) and `cache_length`.
+        cache_length: int, the KV cache positions of the exported files; defaults to the
+            model's maximum sequence length capped at 4,096
+            (`kzoo.export.serving_signatures.DEFAULT_CACHE_LENGTH`).
         num_examples: int, held-out rows (quality metrics).
         num_representative: int, calibration rows for "tflite_int8".
         generate_tokens: int, new tokens per generation check.
@@ -254,7 +262,7 @@ class Context:
             self.model,
             self.tokenizer,
             self.data.held_out["token_ids"][rows],
-            self.keras.full_logits[rows],
+            self.keras.first_logits(formats_lib.LITERTLM_ROWS),
             self.keras.targets[rows],
             None if weights is None else weights[rows],
             cache_length=self.cache_length,
@@ -297,7 +305,9 @@ class Context:
 
 class KerasReference:
     """The Keras model's outputs that every artifact is compared with: the logits of the first
-    held-out rows at each checked length, and of all of them (quality)."""
+    held-out rows at each checked length, and its argmax and quality over all of them. The
+    held-out rows run `REFERENCE_ROWS` at a time, on the Keras model and on each artifact, so
+    that one batch of logits is held at a time, not the whole held-out set's."""
 
     def __init__(self, model, names, data, length):
         self.model, self.names, self.data = model, names, data
@@ -305,10 +315,30 @@ class KerasReference:
         rows = {name: value[:COMPARED_ROWS] for name, value in data.held_out.items()}
         self.compared = {n: export_data.crop(rows, n) for n in self.lengths}
         self.logits = {n: self.predict(inputs) for n, inputs in self.compared.items()}
-        self.full_logits = self.predict(data.held_out)
-        self.targets = self.full_logits.argmax(-1) if data.targets is None else data.targets
-        self.quality = verification.quality(self.full_logits, self.targets, data.sample_weight)
+        self.batches = [
+            (self.rows(start), slice(start, start + REFERENCE_ROWS))
+            for start in range(0, len(next(iter(data.held_out.values()))), REFERENCE_ROWS)
+        ]
+        measure, argmax = verification.Quality(), []
+        for inputs, cut in self.batches:
+            logits = self.predict(inputs)
+            argmax.append(logits.argmax(-1))
+            targets = argmax[-1] if data.targets is None else data.targets[cut]
+            measure.add(logits, targets, self.weights(cut))
+        self.argmax = np.concatenate(argmax)
+        self.targets = self.argmax if data.targets is None else data.targets
+        self.quality = measure.result()
         self.batch_one = {name: value[:1] for name, value in data.held_out.items()}
+
+    def rows(self, start, count=REFERENCE_ROWS):
+        return {name: value[start : start + count] for name, value in self.data.held_out.items()}
+
+    def weights(self, cut):
+        return None if self.data.sample_weight is None else self.data.sample_weight[cut]
+
+    def first_logits(self, count):
+        """The Keras logits of the first `count` held-out rows, at their full length."""
+        return self.predict(self.rows(0, count))
 
     def predict(self, inputs):
         try:
@@ -323,14 +353,15 @@ class KerasReference:
     def compare(self, predict):
         """`max_abs_diff` and its `tolerance` per checked length, and the held-out `quality`, of
         a `predict` function taking the model's inputs by name."""
+        measure = verification.Quality()
+        for inputs, cut in self.batches:
+            measure.add(predict(inputs), self.targets[cut], self.weights(cut), self.argmax[cut])
         return {
             "max_abs_diff": {
                 str(n): verification.max_abs_diff(predict(self.compared[n]), self.logits[n]) for n in self.lengths
             },
             "tolerance": {str(n): verification.fp32_tolerance(self.logits[n]) for n in self.lengths},
-            "quality": verification.quality(
-                predict(self.data.held_out), self.targets, self.data.sample_weight, reference_logits=self.full_logits
-            ),
+            "quality": measure.result(),
         }
 
 
@@ -489,15 +520,16 @@ def _load_model(model):
 
 
 def _check_length(max_length, model, cache_length=None):
+    """The full length the files are checked at: `max_length`, by default the shortest of the
+    model's maximum, the cache and `DEFAULT_CHECK_LENGTH`."""
     limit = getattr(getattr(model, "backbone", None), "max_sequence_length", None)
-    length = max_length_of(model) if max_length is None else max_length
-    if max_length is None and cache_length:
+    if max_length is None:
         # What the files hold: a real checkpoint's table (8,192 positions) would make the Keras
         # reference a (8,192 x vocabulary) pass per row, far beyond a cache the user asked for.
-        length = min(length, cache_length)
-    if length < 1 or (limit is not None and length > limit):
-        raise ExportError(f"`max_length` ({length}) must be in [1, {limit or 'inf'}].")
-    return length
+        return min(max_length_of(model), cache_length or DEFAULT_CHECK_LENGTH, DEFAULT_CHECK_LENGTH)
+    if limit is not None and max_length > limit:
+        raise ExportError(f"`max_length` ({max_length}) must be in [1, {limit}], the model's maximum sequence length.")
+    return max_length
 
 
 def _load_tokenizer(directory, representative_data):

@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import tensorflow as tf
 
 from kzoo import files
@@ -36,6 +37,10 @@ RECURRENT = (models.RNNLanguageModel, models.BiLSTMClassifier)
 # The length checked as "full" for models without a position table (RNNs, the
 # feed-forward LM).
 DEFAULT_MAX_LENGTH = 128
+# The KV cache of an exported generating model when no `cache_length` is given: its context,
+# capped here. A real checkpoint's context (8,192 for SmolLM2, 32,768 for Qwen2.5) would make
+# every exported cache, and every step that reads it, that long unasked.
+DEFAULT_CACHE_LENGTH = 4096
 # What a server checks its inputs against (`ServingSignatures.info`): the name of the TFLite
 # metadata entry, and of the file in a SavedModel's `assets.extra/`.
 INFO_NAME = "kzoo_model"
@@ -88,14 +93,16 @@ def seq2seq_special_ids(tokenizer):
 
 
 def check_cache_length(model, cache_length=None):
-    """The KV cache length of a generating model's TFLite file: `cache_length`, by default
-    the model's maximum sequence length; raises ValueError outside [2, that maximum]."""
+    """The KV cache length of a generating model's exported files: `cache_length`, by default
+    the model's maximum sequence length capped at `DEFAULT_CACHE_LENGTH`; raises ValueError
+    outside [2, that maximum]."""
     limit = max_length_of(model)
-    if cache_length is not None and not 1 < cache_length <= limit:
+    integer = isinstance(cache_length, (int, np.integer)) and not isinstance(cache_length, bool)
+    if cache_length is not None and not (integer and 1 < cache_length <= limit):
         raise ValueError(
-            f"`cache_length` ({cache_length}) must be in [2, {limit}], the model's maximum sequence length."
+            f"`cache_length` ({cache_length!r}) must be an int in [2, {limit}], the model's maximum sequence length."
         )
-    return cache_length or limit
+    return int(cache_length or min(limit, DEFAULT_CACHE_LENGTH))
 
 
 def call_model(model, names, inputs):

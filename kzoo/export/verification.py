@@ -50,22 +50,46 @@ def quality(logits, targets, sample_weight=None, reference_logits=None):
         `top1_agreement`: the weighted share of positions whose argmax is
         the reference's.
     """
-    logits = np.asarray(logits, np.float64)
-    weights = np.ones(targets.shape) if sample_weight is None else np.asarray(sample_weight, np.float64)
-    log_norm = np.log(np.sum(np.exp(logits - logits.max(-1, keepdims=True)), -1)) + logits.max(-1)
-    target_logits = np.take_along_axis(logits, targets[..., None].astype(np.int64), -1)[..., 0]
-    total = weights.sum()
-    cross_entropy = float(np.sum((log_norm - target_logits) * weights) / total)
-    predictions = logits.argmax(-1)
-    result = {
-        "cross_entropy": cross_entropy,
-        "perplexity": float(np.exp(cross_entropy)),
-        "accuracy": float(np.sum((predictions == targets) * weights) / total),
-    }
-    if reference_logits is not None:
-        agree = predictions == np.asarray(reference_logits).argmax(-1)
-        result["top1_agreement"] = float(np.sum(agree * weights) / total)
-    return result
+    measure = Quality()
+    reference = None if reference_logits is None else np.asarray(reference_logits).argmax(-1)
+    measure.add(logits, targets, sample_weight, reference)
+    return measure.result()
+
+
+class Quality:
+    """`quality` summed over batches of rows (`add`), so that no more than one batch of logits
+    (rows x positions x vocabulary, gigabytes at a real vocabulary) is held at a time."""
+
+    def __init__(self):
+        self.total = self.cross_entropy = self.correct = self.agree = 0.0
+        self.compared = False
+
+    def add(self, logits, targets, sample_weight=None, reference_argmax=None):
+        """Adds a batch: `logits` `(..., C)`, int `targets` `(...)`, its weights, and the
+        reference's argmax `(...)` for `top1_agreement` (given with every batch or none)."""
+        logits = np.asarray(logits, np.float64)
+        weights = np.ones(targets.shape) if sample_weight is None else np.asarray(sample_weight, np.float64)
+        top = logits.max(-1)
+        log_norm = np.log(np.sum(np.exp(logits - top[..., None]), -1)) + top
+        target_logits = np.take_along_axis(logits, targets[..., None].astype(np.int64), -1)[..., 0]
+        predictions = logits.argmax(-1)
+        self.total += weights.sum()
+        self.cross_entropy += np.sum((log_norm - target_logits) * weights)
+        self.correct += np.sum((predictions == targets) * weights)
+        if reference_argmax is not None:
+            self.compared = True
+            self.agree += np.sum((predictions == reference_argmax) * weights)
+
+    def result(self):
+        cross_entropy = float(self.cross_entropy / self.total)
+        result = {
+            "cross_entropy": cross_entropy,
+            "perplexity": float(np.exp(cross_entropy)),
+            "accuracy": float(self.correct / self.total),
+        }
+        if self.compared:
+            result["top1_agreement"] = float(self.agree / self.total)
+        return result
 
 
 def text(value):
