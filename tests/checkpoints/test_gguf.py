@@ -574,6 +574,13 @@ def test_a_tensor_past_the_end_of_the_file_is_refused_before_it_is_read(tmp_path
     assert_refused(path, "blk.0.ffn_up.weight", "past the end")
 
 
+def test_an_absurd_context_length_is_refused_naming_the_field(tmp_path):
+    # 2^32 - 1 positions (the largest a uint32 field holds): a corrupt file, which would size an
+    # export's default cache and every table built from the context.
+    path = write_llama_cpp(tmp_path / "m.gguf", metadata={"llama.context_length": 2**32 - 1})
+    assert_refused(path, "llama.context_length is 4294967295; it must be in [1, 16777216]")
+
+
 def test_a_huge_tensor_shape_is_refused_without_allocating(tmp_path):
     path = write_llama_cpp(tmp_path / "m.gguf")
     patch(path, lambda reader: tensor_field(reader, "token_embd.weight").parts[3].__setitem__(1, 2**40))

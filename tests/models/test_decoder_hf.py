@@ -160,6 +160,10 @@ def test_an_unimplemented_rope_type_is_named(tmp_path, folders):
         ),
         ({"rms_norm_eps": -1}, r"field 'rms_norm_eps' is -1; it must be a number > 0"),
         ({"num_attention_heads": 2.5}, r"field 'num_attention_heads' is 2.5; it must be an integer >= 1"),
+        (
+            {"max_position_embeddings": 2**40},
+            r"field 'max_position_embeddings' is 1099511627776; it must be an integer in \[1, 16777216\]",
+        ),
         ({"num_key_value_heads": 3}, r"'num_key_value_heads' \(3\) must divide 'num_attention_heads' \(4\)"),
         ({"model_type": "t5"}, r"model_type 't5', which kzoo cannot load; supported: \[.*'gemma3_text'.*'qwen3'"),
     ],

@@ -269,6 +269,11 @@ class GGUFCheckpoint:
         for key, field in _CONFIG_KEYS.items():
             if field in SIZES and config.get(field, 1) < 1:
                 raise CheckpointError(f"{self.path}: {prefix}{key} is {config[field]}; it must be positive.")
+        if config.get("max_position_embeddings", 1) > hf_load.MAX_CONTEXT:
+            raise CheckpointError(
+                f"{self.path}: {prefix}context_length is {config['max_position_embeddings']}; it must be in "
+                f"[1, {hf_load.MAX_CONTEXT}] (a corrupt file?)."
+            )
         self._check_blocks(prefix, config["num_hidden_layers"], tensors)
         for key, field in _SPECIAL_TOKEN_KEYS.items():
             value = self._optional(key, int)

@@ -64,6 +64,12 @@ def read_config(path):
     return config
 
 
+# The longest context a config may declare: the longest published is 10M tokens (Llama 4
+# Scout); a larger one (a GGUF's `context_length` of 2^32 - 1) is a corrupt file, which would make
+# every default sized by the context (an export's cache) absurd.
+MAX_CONTEXT = 2**24
+
+
 class ConfigReader:
     """A checkpoint config's fields, each checked as it is read; errors name the file and field.
 
@@ -90,10 +96,12 @@ class ConfigReader:
     def _error(self, key, value, allowed):
         return CheckpointError(f"{self.source} field {key!r} is {value!r}; it must be {allowed}.")
 
-    def int(self, key, default=_REQUIRED, minimum=1):
+    def int(self, key, default=_REQUIRED, minimum=1, maximum=None):
         value = self(key, default)
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             raise self._error(key, value, f"an integer >= {minimum}")
+        if maximum is not None and value > maximum:
+            raise self._error(key, value, f"an integer in [{minimum}, {maximum}]")
         return value
 
     def number(self, key, default=_REQUIRED):

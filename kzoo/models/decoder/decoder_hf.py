@@ -24,6 +24,7 @@ import re
 from kzoo.checkpoints import families
 from kzoo.checkpoints import tensor_maps
 from kzoo.checkpoints.errors import CheckpointError
+from kzoo.checkpoints.hf.load import MAX_CONTEXT
 from kzoo.checkpoints.hf.load import ConfigReader
 from kzoo.checkpoints.tensor_maps import Family
 from kzoo.checkpoints.tensor_maps import Head
@@ -89,7 +90,7 @@ def backbone_config(config, read, model_type=None):
         "hidden_dim": hidden_dim,
         "intermediate_dim": read.int("intermediate_size"),
         "head_dim": head_dim,
-        "max_sequence_length": read.int("max_position_embeddings"),
+        "max_sequence_length": read.int("max_position_embeddings", maximum=MAX_CONTEXT),
         "norm_epsilon": read.number("rms_norm_eps", 1e-6),
         "activation": ACTIVATIONS[read.choice(settings.activation_field, ACTIVATIONS, _default_activation(settings))],
         "tie_embeddings": read.bool("tie_word_embeddings", settings.tie_default),
