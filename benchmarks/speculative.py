@@ -1,0 +1,198 @@
+"""Speculative decoding on a real pair: Qwen2.5-Coder-0.5B-Instruct drafting for the 1.5B.
+
+Both GGUF files come from `kzoo.checkpoints.fetch` (float32 weights once loaded). Each code
+prompt is rendered with the chat template, and every library generates `--new-tokens` greedy
+tokens after it at batch 1 (no stop token, so every run makes the same number):
+
+- kzoo: the target's compiled `generate` alone, and with `draft_model=` at each `--draft-tokens`;
+  every speculative output is checked token-for-token against the target's own. The record
+  gives new tokens/s, the speed-up over the target alone and the acceptance rate (accepted /
+  proposed draft tokens, `SpeculativeStats`).
+- kzoo's compiled decode step (`step_ms`): the target's at 1 and at k + 1 positions, the draft's
+  at 1, which is what a round costs.
+- transformers (torch, CPU): the target's `generate(do_sample=False)` alone and with
+  `assistant_model=` (its assisted generation, default schedule), on the same prompt ids.
+
+Each library runs in a fresh process of its own, one after the other (together they would not
+fit beside each other in memory at 1.5B); within one, the calls alternate after a warm-up call
+each (compilation), and each figure is the median of `--rounds`.
+
+    python -m benchmarks.speculative [--new-tokens 128] [--draft-tokens 3,4,6] [--rounds 2] [--out record.json]
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+
+from benchmarks.common import report
+from benchmarks.common import wait_for_quiet
+
+TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
+PROMPTS = (
+    "Write a Python function that returns the n-th Fibonacci number iteratively.",
+    "Write a Python function that merges two sorted lists into one sorted list.",
+    "Write a Python function that checks whether a string is a palindrome, ignoring case and spaces.",
+)
+
+
+def kzoo_runs(target_path, draft_path, prompts, new_tokens, draft_lengths, rounds):
+    """kzoo's speeds: `{"prompt_ids", "alone", "speculative": {k: ...}}`."""
+    import time
+
+    import kzoo
+    from kzoo.models.decoder import speculative
+
+    target = kzoo.models.CausalLM.from_preset(target_path)
+    draft = kzoo.models.CausalLM.from_preset(draft_path)
+    chat = target.tokenizer.apply_chat_template
+    ids = [chat([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True) for p in prompts]
+    calls = {"alone": lambda prompt: (target.generate([prompt], max_new_tokens=new_tokens), None)}
+    for k in draft_lengths:
+        calls[k] = lambda prompt, k=k: speculative.generate(
+            target, [prompt], draft_model=draft, draft_tokens=k, max_new_tokens=new_tokens
+        )
+    seconds = {name: [] for name in calls}
+    outputs, accepted, proposed = {}, {k: 0 for k in draft_lengths}, {k: 0 for k in draft_lengths}
+    for prompt in ids:
+        for name, call in calls.items():
+            call(prompt)  # compiles
+        for _ in range(rounds):
+            for name, call in calls.items():
+                start = time.perf_counter()
+                tokens, stats = call(prompt)
+                seconds[name].append(time.perf_counter() - start)
+                outputs.setdefault((name, tuple(prompt)), tokens)
+                if stats is not None:
+                    accepted[name] += stats.accepted
+                    proposed[name] += stats.proposed
+    for k in draft_lengths:
+        for prompt in ids:
+            if outputs[(k, tuple(prompt))] != outputs[("alone", tuple(prompt))]:
+                raise AssertionError(f"draft_tokens={k}: the speculative output is not the target's greedy output")
+    alone = new_tokens * len(ids) * rounds / sum(seconds["alone"])
+    record = {"prompt_ids": ids, "alone_tokens_per_second": alone, "speculative": {}}
+    for k in draft_lengths:
+        speed = new_tokens * len(ids) * rounds / sum(seconds[k])
+        record["speculative"][str(k)] = {
+            "tokens_per_second": speed,
+            "speedup": speed / alone,
+            "acceptance_rate": accepted[k] / max(1, proposed[k]),
+            "same_tokens_as_target": True,
+        }
+    record["step_ms"] = step_times(target, draft, max(draft_lengths) + 1)
+    record["outputs"] = [outputs[("alone", tuple(p))][0] for p in ids]
+    record["replies"] = [target.tokenizer.detokenize(tokens[len(p) :]) for tokens, p in zip(record["outputs"], ids)]
+    return record
+
+
+def step_times(target, draft, tokens, repeats=5):
+    """Median ms of one compiled `decode` call at position 64 of a 256-slot cache: the target's
+    at 1 and at `tokens` positions (what checking a draft costs), the draft's at 1. A round of
+    k proposals costs k draft steps and one target step of k + 1 positions."""
+    import tensorflow as tf
+
+    from benchmarks.common import median_time
+
+    times = {}
+    for name, lm, count in (("target_1", target, 1), (f"target_{tokens}", target, tokens), ("draft_1", draft, 1)):
+        ids = tf.fill([1, count], 7)
+        _, state = lm.prefill(tf.fill([1, 64], 7), 256)
+        step = tf.function(lambda t, s: lm.decode(t, s, 64, last_only=False)[0], jit_compile=True)
+        step(ids, state)
+        times[name] = 1000 * median_time(lambda: step(ids, state).numpy(), repeats)
+    return times
+
+
+def transformers_runs(target_path, draft_path, ids, new_tokens, rounds):
+    """transformers' speeds on the same prompt ids, alone and with `assistant_model=`."""
+    import time
+
+    import torch
+    import transformers
+
+    def load(path):
+        folder, name = path.rsplit("/", 1)
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+        return model.eval()
+
+    target, draft = load(target_path), load(draft_path)
+    for model in (target, draft):  # no stop token, as in kzoo's runs: every run makes `new_tokens`
+        model.generation_config.eos_token_id = None
+    options = dict(do_sample=False, max_new_tokens=new_tokens, pad_token_id=0)
+    calls = {"alone": {}, "assisted": {"assistant_model": draft}}
+    seconds, outputs = {name: [] for name in calls}, {}
+    with torch.inference_mode():
+        for prompt in ids:
+            tensor = torch.tensor([prompt])
+            for extra in calls.values():
+                target.generate(tensor, **options, **extra)
+            for _ in range(rounds):
+                for name, extra in calls.items():
+                    start = time.perf_counter()
+                    tokens = target.generate(tensor, **options, **extra)[0].tolist()
+                    seconds[name].append(time.perf_counter() - start)
+                    outputs.setdefault((name, tuple(prompt)), tokens)
+    speeds = {name: new_tokens * len(ids) * rounds / sum(values) for name, values in seconds.items()}
+    return {
+        "alone_tokens_per_second": speeds["alone"],
+        "assisted_tokens_per_second": speeds["assisted"],
+        "assisted_speedup": speeds["assisted"] / speeds["alone"],
+        "outputs": [outputs[("alone", tuple(p))] for p in ids],
+        "assisted_same_tokens": all(outputs[("assisted", tuple(p))] == outputs[("alone", tuple(p))] for p in ids),
+    }
+
+
+def in_fresh_process(function, *args):
+    """`function(*args)` run in a fresh Python process (its memory is given back when it ends)."""
+    code = (
+        "import json, sys; from benchmarks import speculative as s; "
+        f"print(json.dumps(s.{function.__name__}(*json.loads(sys.argv[1]))))"
+    )
+    result = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True)
+    if result.returncode:
+        sys.exit(f"{function.__name__} failed:\n{result.stderr[-4000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def main():
+    from kzoo.checkpoints import fetch
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--draft-tokens", default="3,4,6", help="comma-separated draft lengths")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--prompts", type=int, default=len(PROMPTS), help="how many of the code prompts")
+    parser.add_argument("--no-transformers", action="store_true", help="kzoo alone")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    paths = {name: fetch.path(name) for name in (TARGET, DRAFT)}
+    for name, path in paths.items():
+        if path is None:
+            sys.exit(f"{name} is not fetched: python -m kzoo.checkpoints.fetch {name}")
+    lengths = [int(k) for k in args.draft_tokens.split(",")]
+    prompts = list(PROMPTS[: args.prompts])
+    wait_for_quiet(limit_seconds=30)
+    ours = in_fresh_process(
+        kzoo_runs, str(paths[TARGET]), str(paths[DRAFT]), prompts, args.new_tokens, lengths, args.rounds
+    )
+    results = {"target": TARGET, "draft": DRAFT, "new_tokens": args.new_tokens, "rounds": args.rounds, "kzoo": ours}
+    if not args.no_transformers:
+        wait_for_quiet(limit_seconds=30)
+        theirs = in_fresh_process(
+            transformers_runs, str(paths[TARGET]), str(paths[DRAFT]), ours["prompt_ids"], args.new_tokens, args.rounds
+        )
+        best = max(ours["speculative"].values(), key=lambda run: run["tokens_per_second"])
+        results["transformers"] = theirs
+        results["kzoo_speculative_over_transformers_assisted"] = (
+            best["tokens_per_second"] / theirs["assisted_tokens_per_second"]
+        )
+        results["kzoo_alone_over_transformers_alone"] = (
+            ours["alone_tokens_per_second"] / theirs["alone_tokens_per_second"]
+        )
+        results["same_greedy_tokens_as_transformers"] = [a == b for a, b in zip(theirs.pop("outputs"), ours["outputs"])]
+    report("speculative", results, args.out)
+
+
+if __name__ == "__main__":
+    main()
