@@ -128,59 +128,71 @@ def test_kv_cache_works_inside_a_compiled_loop_with_a_tensor_index():
         np.testing.assert_allclose(ops.convert_to_numpy(out)[:, 0], full[:, t], atol=1e-5)
 
 
-@pytest.mark.parametrize("jit_compile", [True, False])
-def test_cache_spans_read_only_the_span_that_holds_the_positions(jit_compile):
+def check_under_xla(xla_step, args, out, cache):
+    """`xla_step(*args)` gives the output and the cache that the traced step gave (NaN slots
+    where it left them)."""
+    xla_out, xla_cache = xla_step(*args)
+    np.testing.assert_allclose(ops.convert_to_numpy(xla_out), ops.convert_to_numpy(out), atol=1e-5, equal_nan=False)
+    for got, want in zip(xla_cache, cache):
+        np.testing.assert_allclose(ops.convert_to_numpy(got), ops.convert_to_numpy(want), atol=1e-5)
+
+
+# The cache span tests run every step traced as a graph, and under XLA the steps at the spans'
+# edges, from the traced step's cache: XLA compiles a step again for each index it is given (a
+# third of a second each), so every step under XLA was most of this module's time.
+def test_cache_spans_read_only_the_span_that_holds_the_positions():
     # Slots 16-31 hold NaN: attention over the whole cache would return NaN (0 x NaN), so a
     # finite output equal to the full pass shows that no step up to position 15 read them.
     layer = MultiHeadAttention(num_heads=4, key_dim=4, num_key_value_heads=2, sliding_window=5)
     x = random(1, 16, 8, seed=13)
     full = ops.convert_to_numpy(layer(x, use_causal_mask=True))
 
-    @tf.function(jit_compile=jit_compile)
     def step(tokens, cache, index):
         with cache_spans((4, 8, 16)):
             return layer(tokens, use_causal_mask=True, cache=cache, cache_index=index)
 
+    traced, xla = tf.function(step), tf.function(step, jit_compile=True)
     unreached = np.zeros((1, 2, 32, 4), "float32")
     unreached[:, :, 16:] = np.nan
-    out, cache = step(x[:, :3], (unreached, unreached.copy()), tf.constant(0))  # a prefill chunk
-    outputs = [ops.convert_to_numpy(out)]
-    for t in range(3, 16):
-        out, cache = step(x[:, t : t + 1], cache, tf.constant(t))
+    cache = (unreached, unreached.copy())
+    outputs = []
+    for t in [0, *range(3, 16)]:  # a prefill chunk of three, then one position a step
+        args = (x[:, :3] if t == 0 else x[:, t : t + 1], cache, tf.constant(t))
+        out, cache = traced(*args)
         outputs.append(ops.convert_to_numpy(out))
+        if t in (0, 3, 4, 7, 8, 15):  # the prefill, then each span's last position and the next one's first
+            check_under_xla(xla, args, out, cache)
     np.testing.assert_allclose(np.concatenate(outputs, axis=1), full, atol=1e-5)
     with pytest.raises(AssertionError):  # the same NaN slots read by the whole-cache attention
         out, _ = layer(x[:, :1], use_causal_mask=True, cache=(unreached, unreached), cache_index=0)
         np.testing.assert_allclose(ops.convert_to_numpy(out), full[:, :1], atol=1e-5)
 
 
-@pytest.mark.parametrize("jit_compile", [True, False])
-def test_cache_spans_read_only_a_sliding_window_past_the_spans(jit_compile):
+def test_cache_spans_read_only_a_sliding_window_past_the_spans():
     # Before each step past the span (8), the slots behind the window hold NaN: a finite output
     # equal to the full pass shows that the step read only its window (W + T - 1 = 4 slots).
     layer = MultiHeadAttention(num_heads=4, key_dim=4, num_key_value_heads=2, sliding_window=4)
     x = random(1, 24, 8, seed=14)
     full = ops.convert_to_numpy(layer(x, use_causal_mask=True))
 
-    @tf.function(
-        jit_compile=jit_compile,
-        input_signature=[tf.TensorSpec([1, None, 8])]
-        + [tf.TensorSpec([1, 2, 32, 4])] * 2
-        + [tf.TensorSpec([], tf.int32)],
-    )
     def step(tokens, keys, values, index):
         with cache_spans((8,), max_queries=1):  # the step traced for any token count, run with one
             return layer(tokens, use_causal_mask=True, cache=(keys, values), cache_index=index)
 
-    empty = np.zeros((1, 2, 32, 4), "float32")
-    out, cache = step(x[:, :1], empty, empty.copy(), tf.constant(0))
-    outputs = [ops.convert_to_numpy(out)]
-    for t in range(1, 24):
-        keys, values = (ops.convert_to_numpy(c).copy() for c in cache)
+    signature = [tf.TensorSpec([1, None, 8])] + [tf.TensorSpec([1, 2, 32, 4])] * 2 + [tf.TensorSpec([], tf.int32)]
+    traced = tf.function(step, input_signature=signature)
+    xla = tf.function(step, input_signature=signature, jit_compile=True)
+    keys, values = np.zeros((1, 2, 32, 4), "float32"), np.zeros((1, 2, 32, 4), "float32")
+    outputs = []
+    for t in range(24):
         if t >= 8:
             keys[:, :, : t - 3], values[:, :, : t - 3] = np.nan, np.nan
-        out, cache = step(x[:, t : t + 1], keys, values, tf.constant(t))
+        args = (x[:, t : t + 1], keys, values, tf.constant(t))
+        out, cache = traced(*args)
         outputs.append(ops.convert_to_numpy(out))
+        if t in (0, 7, 8, 9, 23):  # in the span, its last position, the window's first two and last
+            check_under_xla(xla, args, out, cache)
+        keys, values = (ops.convert_to_numpy(c).copy() for c in cache)
     np.testing.assert_allclose(np.concatenate(outputs, axis=1), full, atol=1e-5)
 
 

@@ -2,7 +2,8 @@
 
 The tests trace the loop as a TensorFlow graph (`jit_compile=False`), the same code that
 `generate`'s XLA default compiles, in a fraction of the time; one test checks that XLA gives
-the same tokens.
+the same tokens. Tracing is most of their time, once per batch size, length and prefill: the
+tests share PROMPTS and LENGTH, and the module's fixtures decode each prompt alone once.
 """
 
 import numpy as np
@@ -12,6 +13,11 @@ from kzoo import models
 from kzoo import samplers
 from kzoo.models import generation
 from tests.models.tiny_models import gpt_backbone
+
+# Ragged: prompts of 1, 2, 3 and 7 tokens (prefills of 1, 2 and 4 positions).
+PROMPTS = [[5], [7, 3, 9], [1, 2, 3, 4, 5, 6, 7], [9, 9]]
+LENGTH = 16
+BEAM_LENGTH = 12
 
 
 @pytest.fixture(scope="module")
@@ -25,45 +31,47 @@ def lm():
     return model
 
 
-def naive_greedy(lm, prompt, length):
-    """The reference without a cache: the whole prefix through the model each step."""
-    ids = list(prompt)
-    while len(ids) < length:
-        x = np.array([ids], "int32")
-        logits = np.asarray(lm({"token_ids": x, "padding_mask": np.ones_like(x)}))
-        ids.append(int(logits[0, -1].argmax()))
-    return ids
+@pytest.fixture(scope="module")
+def greedy_alone(lm):
+    """The greedy continuation of each of PROMPTS to LENGTH, decoded alone."""
+    return [lm.generate([p], max_length=LENGTH, jit_compile=False)[0] for p in PROMPTS]
 
 
-def test_cached_greedy_equals_recomputing_the_whole_prefix(lm):
-    for prompt in ([5], [7, 3, 9], [1, 2, 3, 4, 5, 6, 7]):
-        assert lm.generate([prompt], max_length=14, jit_compile=False) == [naive_greedy(lm, prompt, 14)]
+@pytest.fixture(scope="module")
+def beams_alone(lm):
+    """The beam search continuation (3 beams) of each of PROMPTS to BEAM_LENGTH, decoded alone."""
+    beam = samplers.BeamSampler(num_beams=3)
+    return [lm.generate([p], max_length=BEAM_LENGTH, sampler=beam, jit_compile=False)[0] for p in PROMPTS]
 
 
-def test_ragged_prompts_in_one_batch_equal_each_row_alone(lm):
-    prompts = [[5], [7, 3, 9], [1, 2, 3, 4, 5, 6, 7], [9, 9]]
-    together = lm.generate(prompts, max_length=16, jit_compile=False)
-    alone = [lm.generate([p], max_length=16, jit_compile=False)[0] for p in prompts]
-    assert together == alone
-    beams = lm.generate(prompts, max_length=12, sampler=samplers.BeamSampler(num_beams=3), jit_compile=False)
-    assert beams == [
-        lm.generate([p], max_length=12, sampler=samplers.BeamSampler(num_beams=3), jit_compile=False)[0]
-        for p in prompts
-    ]
+def uncached_argmax(lm, ids):
+    """The reference without a cache: the argmax after each prefix of `ids`, from one pass of the
+    whole sequence through the model (causal: position t sees `ids[: t + 1]` only)."""
+    x = np.array([ids], "int32")
+    return np.asarray(lm({"token_ids": x, "padding_mask": np.ones_like(x)}))[0].argmax(-1).tolist()
 
 
-def test_top_k_one_and_beam_width_one_equal_greedy(lm):
-    prompts = [[5, 6], [7, 3, 9]]
-    greedy = lm.generate(prompts, max_new_tokens=8, jit_compile=False)
-    assert (
-        lm.generate(prompts, max_new_tokens=8, sampler=samplers.TopKSampler(k=1, seed=4), jit_compile=False) == greedy
-    )
-    assert (
-        lm.generate(prompts, max_new_tokens=8, sampler=samplers.BeamSampler(num_beams=1), jit_compile=False) == greedy
-    )
+def test_cached_greedy_equals_recomputing_the_whole_prefix(lm, greedy_alone):
+    # Every new token is the argmax of the model over the whole prefix before it.
+    for prompt, ids in zip(PROMPTS, greedy_alone):
+        assert len(ids) == LENGTH and ids[: len(prompt)] == prompt
+        assert ids[len(prompt) :] == uncached_argmax(lm, ids)[len(prompt) - 1 : -1]
 
 
-def test_beam_search_scores_at_least_as_high_as_greedy(lm):
+def test_ragged_prompts_in_one_batch_equal_each_row_alone(lm, greedy_alone, beams_alone):
+    assert lm.generate(PROMPTS, max_length=LENGTH, jit_compile=False) == greedy_alone
+    beams = lm.generate(PROMPTS, max_length=BEAM_LENGTH, sampler=samplers.BeamSampler(num_beams=3), jit_compile=False)
+    assert beams == beams_alone
+
+
+def test_top_k_one_and_beam_width_one_equal_greedy(lm, greedy_alone):
+    top_k = samplers.TopKSampler(k=1, seed=4)
+    assert lm.generate(PROMPTS, max_length=LENGTH, sampler=top_k, jit_compile=False) == greedy_alone
+    beam = samplers.BeamSampler(num_beams=1)
+    assert lm.generate(PROMPTS, max_length=LENGTH, sampler=beam, jit_compile=False) == greedy_alone
+
+
+def test_beam_search_scores_at_least_as_high_as_greedy(lm, greedy_alone, beams_alone):
     def log_prob(ids, prompt_length):
         x = np.array([ids], "int32")
         logits = np.asarray(lm({"token_ids": x, "padding_mask": np.ones_like(x)}), "float64")[0]
@@ -71,21 +79,20 @@ def test_beam_search_scores_at_least_as_high_as_greedy(lm):
         log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
         return sum(log_probs[t - 1, ids[t]] for t in range(prompt_length, len(ids)))
 
-    prompt = [3, 1]
-    greedy = lm.generate([prompt], max_length=10, jit_compile=False)[0]
-    beam = lm.generate(
-        [prompt], max_length=10, sampler=samplers.BeamSampler(num_beams=4, length_penalty=0.0), jit_compile=False
-    )[0]
-    assert log_prob(beam, 2) >= log_prob(greedy, 2) - 1e-5
+    # No stop tokens: every beam is BEAM_LENGTH long, so the length penalty ranks them as their
+    # log-probabilities do. Greedy to BEAM_LENGTH is greedy to LENGTH cut there.
+    for prompt, greedy, beam in zip(PROMPTS, greedy_alone, beams_alone):
+        assert log_prob(beam, len(prompt)) >= log_prob(greedy[:BEAM_LENGTH], len(prompt)) - 1e-5
 
 
-def test_stop_token_ends_each_row(lm):
-    prompts = [[5], [7, 3, 9]]
-    free = lm.generate(prompts, max_length=16, jit_compile=False)
+def test_stop_token_ends_each_row(lm, greedy_alone):
+    free = greedy_alone  # each row alone is what the batch gives (the ragged test)
     stop = free[0][3]  # the third generated token of row 0
-    stopped = lm.generate(prompts, max_length=16, stop_token_ids=[stop], jit_compile=False)
-    assert stopped[0] == free[0][: free[0].index(stop, 1) + 1]
+    stopped = lm.generate(PROMPTS, max_length=LENGTH, stop_token_ids=[stop], jit_compile=False)
     assert stopped[0][-1] == stop
+    for prompt, row, free_row in zip(PROMPTS, stopped, free):
+        new = free_row[len(prompt) :]
+        assert row == (free_row[: len(prompt) + new.index(stop) + 1] if stop in new else free_row)
 
 
 def test_seeded_sampling_is_reproducible_and_dict_inputs_are_padded(lm):
@@ -97,11 +104,14 @@ def test_seeded_sampling_is_reproducible_and_dict_inputs_are_padded(lm):
     np.testing.assert_array_equal(a["token_ids"][:, :2], [[5, 6], [7, 3]])
 
 
-def test_the_xla_loop_gives_the_tokens_of_the_traced_loop(lm):
-    prompts = [[5], [7, 3, 9], [1, 2, 3, 4, 5, 6, 7]]
-    for sampler in ("greedy", samplers.TopKSampler(k=3, seed=2), samplers.BeamSampler(num_beams=2)):
-        xla = lm.generate(prompts, max_length=12, sampler=sampler)
-        assert xla == lm.generate(prompts, max_length=12, sampler=sampler, jit_compile=False), sampler
+def test_the_xla_loop_gives_the_tokens_of_the_traced_loop(lm, greedy_alone, beams_alone):
+    # The two loops, greedy's (every sampler's but beam search's) and beam search's, against each
+    # row traced alone (the ragged test shows the traced batch gives the same). Each compilation
+    # takes seconds: the sampled draws under XLA are checked on a table "model"
+    # (tests/samplers/test_samplers.py::test_the_loop_compiles_with_xla).
+    assert lm.generate(PROMPTS, max_length=LENGTH) == greedy_alone
+    beam = samplers.BeamSampler(num_beams=3)
+    assert lm.generate(PROMPTS, max_length=BEAM_LENGTH, sampler=beam) == beams_alone
 
 
 def test_the_decode_loop_is_traced_once_per_shape(lm):
