@@ -26,7 +26,9 @@ import kzoo.data
 from kzoo import export
 from kzoo.export.tflite.convert import convert
 from kzoo.files import remove_stale_staging
+from tests.export.tiny_models import TRANSFORMER
 from tests.export.tiny_models import build
+from tests.export.tiny_models import redraw
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPOSITORY / "recipes"))  # The recipes import `_common` as a top-level module.
@@ -51,6 +53,14 @@ def script(name):
     return module
 
 
+def one_layer_gpt(tokenizer=None):
+    """A tiny GPT (`tests.export.tiny_models`' sizes) of one layer: the refusals name its vocabulary
+    and length, not its depth, and one layer is traced, compiled and converted in about half the
+    time of two."""
+    backbone = kzoo.models.GPTBackbone(num_layers=1, vocabulary_size=V, **TRANSFORMER)
+    return redraw(kzoo.models.GPTCausalLM(backbone, tokenizer=tokenizer))
+
+
 class Files:
     """The models and files the cases call, made once (lazily) for the whole module."""
 
@@ -63,7 +73,7 @@ class Files:
         return value
 
     def _make_gpt(self):
-        model = build("gpt")
+        model = one_layer_gpt()
         model.compile(jit_compile=True)
         return model
 
@@ -80,7 +90,7 @@ class Files:
 
     def _make_text_gpt(self):
         """A GPT carrying a character tokenizer: `generate` takes strings."""
-        return kzoo.models.GPTCausalLM(build("gpt").backbone, tokenizer=kzoo.data.character_tokenizer(V))
+        return one_layer_gpt(tokenizer=kzoo.data.character_tokenizer(V))
 
     def _make_chat_lm(self):
         """A Llama carrying a byte-level BPE with a ChatML template: `chat` takes messages."""
@@ -98,9 +108,13 @@ class Files:
         export.export(self.text_gpt, out, formats="litertlm", num_examples=2, latency_runs=1, generate_tokens=2)
         return out / "model.litertlm"
 
+    def _make_signatures(self):
+        """`gpt`'s serving signatures, traced once for its TFLite file and its SavedModel."""
+        return export.ServingSignatures(self.gpt)
+
     def _make_tflite(self):
         path = self.folder / "gpt.tflite"
-        path.write_bytes(convert(export.ServingSignatures(self.gpt), "tflite_fp32"))
+        path.write_bytes(convert(self.signatures, "tflite_fp32"))
         return path
 
     def _make_truncated_tflite(self):
@@ -121,7 +135,7 @@ class Files:
 
     def _make_savedmodel(self):
         path = self.folder / "savedmodel"
-        export.ServingSignatures(self.gpt).save(path)
+        self.signatures.save(path)
         return path
 
     def _make_plain_savedmodel(self):
@@ -230,7 +244,9 @@ def backup_of_another_model(tmp_path):
                 max_sequence_length=8,
             )
         )
-        model.compile()
+        # Eager steps: the second fit is refused before its first, and tracing and optimizing
+        # the first fit's training step took seconds for two steps.
+        model.compile(run_eagerly=True)
         backup = kzoo.training.BackupAndRestore(str(tmp_path / "backup"), save_freq="epoch", delete_checkpoint=False)
         model.fit(data, epochs=1, steps_per_epoch=2, callbacks=[backup], verbose=0)
 

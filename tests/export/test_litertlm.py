@@ -26,13 +26,23 @@ from kzoo.tokenizers.tokenizer_json import hugging_face_tokenizer
 from kzoo.tokenizers.word_piece import EOS_ID
 from kzoo.tokenizers.word_piece import SEP_ID
 from tests.export.test_serving_examples import REPOSITORY
+from tests.export.tiny_models import TRANSFORMER
 from tests.export.tiny_models import build
+from tests.export.tiny_models import redraw
 
 # The cache is shorter than the position table, so that only the bundle's own guard stops a
 # prefill chunk from running past the cache.
 CACHE_LENGTH = 32
 MAX_LENGTH = 48
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak."
+
+
+def one_layer_gpt(vocabulary_size, max_sequence_length, tokenizer=None):
+    """A tiny GPT of one layer, its weights drawn as `build`'s: for the tests of tokenizers and
+    of the export's checks (`exported`'s two layers check the bundle's per-layer caches), traced
+    and converted in about half the time of two."""
+    config = {**TRANSFORMER, "vocabulary_size": vocabulary_size, "max_sequence_length": max_sequence_length}
+    return redraw(models.GPTCausalLM(models.GPTBackbone(num_layers=1, **config), tokenizer=tokenizer))
 
 
 @pytest.fixture(scope="module")
@@ -59,35 +69,39 @@ def runtime(exported):
     model.close()
 
 
-def keras_greedy_text(folder, prompt, new_tokens):
-    lm = keras.saving.load_model(folder / "model.keras")
-    tokenizer = data.load_tokenizer(folder)
-    ids = np.asarray(tokenizer(prompt)).tolist()
-    output = lm.generate([ids], max_length=len(ids) + new_tokens, stop_token_ids=[0], jit_compile=False)[0]
-    return tokenizer.detokenize(output[len(ids) :])
+@pytest.fixture(scope="module")
+def keras_lm(exported):
+    """The exported `.keras` file loaded back, and the tokenizer saved beside it."""
+    folder = exported[0]
+    return keras.saving.load_model(folder / "model.keras"), data.load_tokenizer(folder)
 
 
-def test_greedy_text_in_the_runtime_equals_keras_generate(exported, runtime):
-    folder, report = exported
+def keras_greedy_texts(keras_lm, prompts, new_tokens):
+    """Keras' greedy continuation of each prompt, at most `new_tokens` (stopping at id 0), as text.
+
+    The prompts go as one ragged batch, each row generating what it would alone: Keras traces
+    one decoding loop for them all, not one per prompt length."""
+    lm, tokenizer = keras_lm
+    ids = [np.asarray(tokenizer(prompt)).tolist() for prompt in prompts]
+    outputs = lm.generate(ids, max_length=max(map(len, ids)) + new_tokens, stop_token_ids=[0], jit_compile=False)
+    return [tokenizer.detokenize(output[len(row) : len(row) + new_tokens]) for row, output in zip(ids, outputs)]
+
+
+def test_greedy_text_in_the_runtime_equals_keras_generate(exported, runtime, keras_lm):
+    _, report = exported
     # 1 and 7 characters, and 20 > 16, the only prefill chunk length: the runtime prefills twice.
-    for length in (1, 7, 20):
-        prompt = TEXT[:length]
-        assert runtime.generate(prompt, 10, top_k=1) == keras_greedy_text(folder, prompt, 10)
+    prompts = [TEXT[:length] for length in (1, 7, 20)]
+    assert [runtime.generate(prompt, 10, top_k=1) for prompt in prompts] == keras_greedy_texts(keras_lm, prompts, 10)
     record = report["artifacts"]["litertlm"]
     assert record["generation"]["matches_keras"] and record["tokenizer"]["matches_keras"]
     assert max(case["prompt_tokens"] for case in record["generation"]["cases"]) > record["prefill_lengths"][-1]
     assert record["max_abs_diff"][str(CACHE_LENGTH)] <= record["tolerance"][str(CACHE_LENGTH)]
 
 
-def test_characters_outside_the_vocabulary_are_the_unknown_id_in_both(exported, runtime):
-    folder, _ = exported
+def test_characters_outside_the_vocabulary_are_the_unknown_id_in_both(runtime, keras_lm):
     prompt = "Hi 😀 ÿ"
-    assert (
-        runtime.tokenize(prompt)
-        == [72, 105, 32, 26, 32, 26]
-        == np.asarray(data.load_tokenizer(folder)(prompt)).tolist()
-    )
-    assert runtime.generate(prompt, 6, top_k=1) == keras_greedy_text(folder, prompt, 6)
+    assert runtime.tokenize(prompt) == [72, 105, 32, 26, 32, 26] == np.asarray(keras_lm[1](prompt)).tolist()
+    assert [runtime.generate(prompt, 6, top_k=1)] == keras_greedy_texts(keras_lm, [prompt], 6)
 
 
 def test_the_model_follows_the_runtime_conventions(exported):
@@ -270,7 +284,7 @@ def test_a_truncated_or_foreign_file_is_refused_by_name(exported, tmp_path):
         litertlm_model.LiteRTLMModel(tmp_path / "missing.litertlm")
 
 
-def test_serve_streams_the_greedy_text_without_tensorflow(exported):
+def test_serve_streams_the_greedy_text_without_tensorflow(exported, keras_lm):
     folder, _ = exported
     bundle, script = folder / "export" / "model.litertlm", REPOSITORY / "export" / "serve_litertlm.py"
     result = subprocess.run(
@@ -292,7 +306,7 @@ def test_serve_streams_the_greedy_text_without_tensorflow(exported):
         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout == "ROMEO:" + keras_greedy_text(folder, "ROMEO:", 12) + "\n"
+    assert result.stdout == "ROMEO:" + keras_greedy_texts(keras_lm, ["ROMEO:"], 12)[0] + "\n"
 
     bad = subprocess.run(
         [sys.executable, script, bundle, "--prompt", "ROMEO:", "--max-new-tokens", "100"],
@@ -341,7 +355,7 @@ def test_litertlm_applies_only_to_causal_lms_with_a_tokenizer(tmp_path):
 
 
 def test_a_bundle_that_does_not_verify_is_not_written(tmp_path, monkeypatch):
-    build("gpt", vocabulary_size=128).save(tmp_path / "model.keras")
+    one_layer_gpt(vocabulary_size=128, max_sequence_length=16).save(tmp_path / "model.keras")
     data.save_tokenizer(data.character_tokenizer(128), tmp_path)
     real = litertlm_model.LiteRTLMModel.timed_generate
 
@@ -411,8 +425,10 @@ def _spa_eng_texts(count):
 
 
 def _word_piece_tokenizer():
-    """kzoo's WordPiece tokenizer as gpt_translate fits it (cased, special tokens kept whole)."""
-    return data.word_piece_tokenizer(data.train_word_piece_vocabulary(_spa_eng_texts(1000), 300))
+    """kzoo's WordPiece tokenizer as gpt_translate fits it (cased, special tokens kept whole), on
+    the first 500 pairs: about 200 pieces, which split the prompts' words into several (keras-hub's
+    learner takes seconds per thousand texts)."""
+    return data.word_piece_tokenizer(data.train_word_piece_vocabulary(_spa_eng_texts(500), 300))
 
 
 def _gpt2_tokenizer():
@@ -430,8 +446,7 @@ def subword_bundle(request, tmp_path_factory):
     """A tiny GPT carrying a WordPiece or GPT-2 BPE tokenizer, exported to LiteRT-LM."""
     tokenizer = {"word_piece": _word_piece_tokenizer, "gpt2_bpe": _gpt2_tokenizer}[request.param]()
     folder = tmp_path_factory.mktemp(request.param)
-    backbone = build("gpt", vocabulary_size=tokenizer.vocabulary_size(), max_sequence_length=MAX_LENGTH).backbone
-    models.GPTCausalLM(backbone, tokenizer=tokenizer).save(folder / "model.keras")
+    one_layer_gpt(tokenizer.vocabulary_size(), MAX_LENGTH, tokenizer).save(folder / "model.keras")
     report = export.export(
         folder / "model.keras",
         folder / "export",
@@ -462,20 +477,23 @@ def test_subword_bundles_give_keras_greedy_tokens(subword_bundle):
     start = list(metadata.start_token.token_ids.ids) if metadata.HasField("start_token") else []
     # The stop (and, for GPT-2, start) token is the tokenizer's own: [EOS] (6) and <|endoftext|> (0).
     assert (stop, start) == ({"word_piece": ([[6]], []), "gpt2_bpe": ([[0]], [0])}[kind])
-    for prompt in SUBWORD_PROMPTS:
-        ids = np.asarray(tokenizer(prompt)).tolist()
-        assert runtime.tokenize(prompt) == ids, prompt
-        new = min(10, MAX_LENGTH - len(start) - len(ids))
-        output = lm.generate(
-            [start + ids], max_length=len(start) + len(ids) + new, stop_token_ids=stop[0], jit_compile=False
-        )[0][len(start) + len(ids) :]
+    # Keras tokenizes the prompts as one batch and continues them as one ragged batch, each row as
+    # it would alone: keras-hub's BPE traces its merges anew in each call that meets new words,
+    # and Keras a decoding loop per prompt length.
+    prompts = [start + np.asarray(ids).tolist() for ids in tokenizer(SUBWORD_PROMPTS)]
+    lengths = [min(10, MAX_LENGTH - len(prompt)) for prompt in prompts]
+    longest = max(len(prompt) + new for prompt, new in zip(prompts, lengths))
+    outputs = lm.generate(prompts, max_length=longest, stop_token_ids=stop[0], jit_compile=False)
+    for prompt, text, new, output in zip(prompts, SUBWORD_PROMPTS, lengths, outputs, strict=True):
+        assert runtime.tokenize(text) == prompt[len(start) :], text
+        output = output[len(prompt) : len(prompt) + new]
         output = output[:-1] if output[-1] in stop[0] else output
-        streamed = list(runtime.stream(prompt, new, top_k=1))
+        streamed = list(runtime.stream(text, new, top_k=1))
         expected = loaded.decode(output, skip_special_tokens=False)
         assert "".join(streamed) == str(tokenizer.detokenize(output)) == expected
         if kind == "word_piece":  # one piece per token, what it adds to the text (bytes may wait for a whole character)
-            text = [loaded.decode(output[:i], skip_special_tokens=False) for i in range(len(output) + 1)]
-            assert streamed == [text[i + 1].removeprefix(text[i]) for i in range(len(output))], prompt
+            pieces = [loaded.decode(output[:i], skip_special_tokens=False) for i in range(len(output) + 1)]
+            assert streamed == [pieces[i + 1].removeprefix(pieces[i]) for i in range(len(output))], text
 
 
 def test_a_translation_prompt_written_as_text_is_the_conditional_lm_prompt(subword_bundle):
@@ -484,10 +502,12 @@ def test_a_translation_prompt_written_as_text_is_the_conditional_lm_prompt(subwo
     kind, lm, runtime, _ = subword_bundle
     if kind != "word_piece":
         pytest.skip("translation prompts are WordPiece")
-    for source in ("How are you?", "¿Dónde está Tom?"):
-        (ids,) = data.conditional_lm_prompts([source], lm.tokenizer, MAX_LENGTH)
+    sources = ["How are you?", "¿Dónde está Tom?"]
+    prompts = data.conditional_lm_prompts(sources, lm.tokenizer, MAX_LENGTH)
+    outputs = lm.generate(prompts, max_length=MAX_LENGTH, stop_token_ids=[EOS_ID], jit_compile=False)  # one batch
+    for source, ids, output in zip(sources, prompts, outputs, strict=True):
         assert ids[-1] == SEP_ID and runtime.tokenize(f"{source} [SEP]") == ids
-        output = lm.generate([ids], max_length=MAX_LENGTH, stop_token_ids=[EOS_ID], jit_compile=False)[0][len(ids) :]
+        output = output[len(ids) :]
         output = output[:-1] if output[-1] == EOS_ID else output
         assert runtime.generate(f"{source} [SEP]", MAX_LENGTH - len(ids), top_k=1) == lm.tokenizer.detokenize(output)
 

