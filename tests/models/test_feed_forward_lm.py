@@ -128,6 +128,8 @@ def test_gradients_reach_every_trainable_variable():
         assert gradient is not None and np.any(dense(gradient) != 0), variable.path
 
 
+# A train step in graph mode, as `fit` runs it: the other models' mixed precision tests take theirs
+# eagerly, so this one keeps loss scaling's graph path (a conditional update) tested.
 def test_mixed_precision_gives_float32_logits_and_finite_steps():
     model = build(dtype="mixed_float16")
     assert model.get_layer("hidden_0").compute_dtype == "float16"

@@ -95,7 +95,10 @@ def test_padding_is_left_out_of_the_loss_and_metrics():
     assert results[0]["perplexity"] == pytest.approx(np.exp(results[0]["loss"]), rel=1e-5)
 
 
-# Each model under one policy, each policy with a sequence and a pooled output.
+# Each model under one policy, each policy with a sequence and a pooled output. One eager step:
+# tracing a train function per model would be most of the test's time; training in graph mode is
+# tested above (and a mixed precision step in graph mode, loss scaling included, in
+# test_feed_forward_lm.py).
 @pytest.mark.parametrize(
     "name, policy", [("lstm_lm", "mixed_float16"), ("tagger", "mixed_bfloat16"), ("classifier", "mixed_float16")]
 )
@@ -105,7 +108,7 @@ def test_mixed_precision_forward_and_fit_step(name, policy):
     logits = model(x)
     assert logits.dtype == "float32"
     assert np.all(np.isfinite(np.asarray(logits)))
-    model.compile()
+    model.compile(run_eagerly=True)
     if policy == "mixed_float16":
         assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
     loss = model.train_on_batch(x, y, return_dict=True)["loss"]

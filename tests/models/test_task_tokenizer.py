@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 
 import keras
 import numpy as np
@@ -136,64 +137,89 @@ def run_fresh(script, *args):
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-_PREDICT_TEXT = """
-import json, sys
-import keras
-import kzoo
-import kzoo.data
-model = keras.saving.load_model(sys.argv[1])
-print(json.dumps(model.predict(json.loads(sys.argv[2]), verbose=0).tolist()))
-"""
+# The three tests below reload their file in this process; the e2e test after them reads all three in
+# one fresh process, where `import kzoo` alone must bring the classes and the file the vocabulary.
+TEXTS = ["a fine film", "The movie was DULL!", "crème brûlée"]
+BYTE_PAIR_PROMPTS = ["ROMEO: But soft", "Crème 😂"]
 
-_GENERATE_TEXT = """
-import json, sys
-import keras
-import kzoo
-lm = keras.saving.load_model(sys.argv[1])
-print(json.dumps(lm.generate(json.loads(sys.argv[2]), max_new_tokens=8)))
-"""
+
+def text_classifier():
+    tokenizer = BertTokenizer(hf_folders.VOCABULARY, lowercase=True)
+    return kzoo.models.BertClassifier(tiny_bert(len(hf_folders.VOCABULARY)), 3, tokenizer=tokenizer)
+
+
+def character_lm():
+    backbone = kzoo.models.GPTBackbone.from_preset("gpt_tiny")
+    return kzoo.models.GPTCausalLM(backbone, tokenizer=kzoo.data.character_tokenizer(256))
+
+
+def byte_pair_lm(gpt2_folder):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return kzoo.models.GPTCausalLM.from_preset(str(gpt2_folder))
 
 
 def test_a_classifier_predicts_labels_from_text_and_keeps_its_tokenizer(tmp_path):
-    tokenizer = BertTokenizer(hf_folders.VOCABULARY, lowercase=True)
-    classifier = kzoo.models.BertClassifier(tiny_bert(len(hf_folders.VOCABULARY)), 3, tokenizer=tokenizer)
-    texts = ["a fine film", "The movie was DULL!", "crème brûlée"]
-    labels = classifier.predict(texts, verbose=0)
+    classifier = text_classifier()
+    labels = classifier.predict(TEXTS, verbose=0)
     # The same as the logits of `[CLS] pieces [SEP]`, packed by hand.
-    pieces = [[2, *np.asarray(tokenizer(text)).tolist(), 3] for text in texts]
+    pieces = [[2, *np.asarray(classifier.tokenizer(text)).tolist(), 3] for text in TEXTS]
     longest = max(map(len, pieces))
     ids = np.array([row + [0] * (longest - len(row)) for row in pieces], "int32")
     logits = classifier.predict({"token_ids": ids, "segment_ids": 0 * ids, "padding_mask": (ids > 0) * 1}, verbose=0)
     np.testing.assert_array_equal(labels, np.argmax(logits, -1))
     assert classifier.predict("a fine film", verbose=0).tolist() == labels[:1].tolist()
-    # Saved and reloaded in a fresh process with `import kzoo` alone: the file holds the vocabulary.
+    # Saved and reloaded: the file holds the vocabulary.
     classifier.save(tmp_path / "classifier.keras")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["classifier.keras"]
-    assert run_fresh(_PREDICT_TEXT, tmp_path / "classifier.keras", json.dumps(texts)) == labels.tolist()
+    reloaded = keras.saving.load_model(tmp_path / "classifier.keras")
+    assert reloaded.predict(TEXTS, verbose=0).tolist() == labels.tolist()
 
 
 def test_a_language_model_generates_text_and_keeps_its_tokenizer(tmp_path):
-    backbone = kzoo.models.GPTBackbone.from_preset("gpt_tiny")
-    lm = kzoo.models.GPTCausalLM(backbone, tokenizer=kzoo.data.character_tokenizer(256))
+    lm = character_lm()
     text = lm.generate("ROMEO:", max_new_tokens=8, jit_compile=False)
     ids = lm.generate([[ord(c) for c in "ROMEO:"]], max_new_tokens=8, jit_compile=False)[0]
     assert text == "".join(map(chr, ids)) and text.startswith("ROMEO:") and len(text) == 14
     assert lm.generate(["ROMEO:", "JULIET"], max_new_tokens=8, jit_compile=False)[0] == text
     lm.save(tmp_path / "lm.keras")
-    assert run_fresh(_GENERATE_TEXT, tmp_path / "lm.keras", json.dumps(["ROMEO:"])) == [text]
+    reloaded = keras.saving.load_model(tmp_path / "lm.keras")
+    assert reloaded.generate("ROMEO:", max_new_tokens=8, jit_compile=False) == text
 
 
 def test_a_byte_pair_tokenizer_travels_in_the_file(tmp_path, gpt2_folder):
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        lm = kzoo.models.GPTCausalLM.from_preset(str(gpt2_folder))
-    prompts = ["ROMEO: But soft", "Crème 😂"]
-    texts = lm.generate(prompts, max_new_tokens=8, jit_compile=False)
-    assert [t[: len(p)] for t, p in zip(texts, prompts)] == prompts
+    lm = byte_pair_lm(gpt2_folder)
+    texts = lm.generate(BYTE_PAIR_PROMPTS, max_new_tokens=8, jit_compile=False)
+    assert [t[: len(p)] for t, p in zip(texts, BYTE_PAIR_PROMPTS)] == BYTE_PAIR_PROMPTS
     lm.save(tmp_path / "lm.keras")
-    assert run_fresh(_GENERATE_TEXT, tmp_path / "lm.keras", json.dumps(prompts)) == texts
+    reloaded = keras.saving.load_model(tmp_path / "lm.keras")
+    assert reloaded.generate(BYTE_PAIR_PROMPTS, max_new_tokens=8, jit_compile=False) == texts
+
+
+_PREDICT_AND_GENERATE = """
+import json, sys
+import keras
+import kzoo
+folder, texts, prompts = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+classifier = keras.saving.load_model(f"{folder}/classifier.keras")
+out = {"labels": classifier.predict(texts, verbose=0).tolist()}
+for name, lm_prompts in prompts.items():
+    out[name] = keras.saving.load_model(f"{folder}/{name}.keras").generate(lm_prompts, max_new_tokens=8)
+print(json.dumps(out))
+"""
+
+
+def test_tasks_read_text_with_the_tokenizers_of_their_files_in_a_fresh_process(tmp_path, gpt2_folder):
+    classifier, characters, byte_pairs = text_classifier(), character_lm(), byte_pair_lm(gpt2_folder)
+    prompts = {"characters": ["ROMEO:"], "byte_pairs": BYTE_PAIR_PROMPTS}
+    expected = {
+        "labels": classifier.predict(TEXTS, verbose=0).tolist(),
+        "characters": characters.generate(prompts["characters"], max_new_tokens=8, jit_compile=False),
+        "byte_pairs": byte_pairs.generate(prompts["byte_pairs"], max_new_tokens=8, jit_compile=False),
+    }
+    for name, model in (("classifier", classifier), ("characters", characters), ("byte_pairs", byte_pairs)):
+        model.save(tmp_path / f"{name}.keras")
+    assert run_fresh(_PREDICT_AND_GENERATE, tmp_path, json.dumps(TEXTS), json.dumps(prompts)) == expected
 
 
 def test_ids_in_and_out_without_a_tokenizer():
@@ -227,10 +253,8 @@ def test_is_text():
 
 
 def test_a_classifier_written_as_a_hugging_face_folder_reads_back_with_its_tokenizer(tmp_path):
-    tokenizer = BertTokenizer(hf_folders.VOCABULARY, lowercase=True)
-    classifier = kzoo.models.BertClassifier(tiny_bert(len(hf_folders.VOCABULARY)), 3, tokenizer=tokenizer)
-    texts = ["a fine film", "The movie was DULL!", "crème brûlée"]
+    classifier = text_classifier()
     classifier.export_to_transformers(tmp_path / "folder")
     again = kzoo.models.BertClassifier.from_preset(str(tmp_path / "folder"))
     assert again.num_classes == 3 and again.tokenizer.lowercase
-    np.testing.assert_array_equal(again.predict(texts, verbose=0), classifier.predict(texts, verbose=0))
+    np.testing.assert_array_equal(again.predict(TEXTS, verbose=0), classifier.predict(TEXTS, verbose=0))
