@@ -17,18 +17,18 @@ from kzoo.export.export_data import synthetic_data
 from kzoo.export.serving_signatures import input_names
 
 
-def tiny_lm(max_sequence_length):
-    """A two-layer RoPE decoder: its context costs nothing until something runs that long."""
+def tiny_lm(max_sequence_length, vocabulary_size=64, hidden_dim=16):
+    """A one-layer RoPE decoder: its context costs nothing until something runs that long."""
     backbone = models.DecoderBackbone(
-        vocabulary_size=64,
+        vocabulary_size=vocabulary_size,
         num_layers=1,
         num_heads=2,
         num_key_value_heads=1,
-        hidden_dim=16,
-        intermediate_dim=32,
+        hidden_dim=hidden_dim,
+        intermediate_dim=2 * hidden_dim,
         max_sequence_length=max_sequence_length,
     )
-    return models.CausalLM(backbone, tokenizer=data.character_tokenizer(64))
+    return models.CausalLM(backbone, tokenizer=data.character_tokenizer(vocabulary_size))
 
 
 def test_the_cache_defaults_to_the_context_capped_at_4096():
@@ -111,16 +111,7 @@ def test_the_keras_reference_runs_a_few_rows_at_a_time(monkeypatch):
 def test_a_long_context_decoder_exports_its_bundles_with_no_lengths_given(tmp_path):
     """`export.py MODEL --formats litertlm,litertlm_int4` and nothing else: the bundles hold a
     4,096-slot cache and the checks run at 256 positions, not at the model's 32,768."""
-    backbone = models.DecoderBackbone(
-        vocabulary_size=128,
-        num_layers=1,
-        num_heads=2,
-        num_key_value_heads=1,
-        hidden_dim=64,
-        intermediate_dim=128,
-        max_sequence_length=32_768,
-    )
-    lm = models.CausalLM(backbone, tokenizer=data.character_tokenizer(128))
+    lm = tiny_lm(32_768, vocabulary_size=128, hidden_dim=64)  # the sizes of test_litertlm_int4.py
     report = export.export(lm, tmp_path / "export", formats="litertlm,litertlm_int4", num_examples=8, latency_runs=1)
     assert report["model"]["cache_length"] == 4096 and report["checked_lengths"] == [1, 7, 256]
     for name in ("litertlm", "litertlm_int8", "litertlm_int4"):
