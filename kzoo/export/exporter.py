@@ -519,14 +519,12 @@ def _load_model(model):
         raise ExportError(f"Could not load {path}: {type(error).__name__}: {error}") from error
 
 
-def _check_length(max_length, model, cache_length=None):
+def _check_length(max_length, model, cache_length):
     """The full length the files are checked at: `max_length`, by default the shortest of the
     model's maximum, the cache and `DEFAULT_CHECK_LENGTH`."""
     limit = getattr(getattr(model, "backbone", None), "max_sequence_length", None)
     if max_length is None:
-        # What the files hold: a real checkpoint's table (8,192 positions) would make the Keras
-        # reference a (8,192 x vocabulary) pass per row, far beyond a cache the user asked for.
-        return min(max_length_of(model), cache_length or DEFAULT_CHECK_LENGTH, DEFAULT_CHECK_LENGTH)
+        return min(max_length_of(model), cache_length, DEFAULT_CHECK_LENGTH)
     if limit is not None and max_length > limit:
         raise ExportError(f"`max_length` ({max_length}) must be in [1, {limit}], the model's maximum sequence length.")
     return max_length
