@@ -1,5 +1,6 @@
 """The serving signatures of a kzoo model, traced once, over one copy of its variables."""
 
+import functools
 import json
 
 import numpy as np
@@ -194,9 +195,13 @@ class ServingSignatures:
             self._functions[self.text_signature] = _text_function(
                 model, self.task, self.input_names, self._functions, tokenizer
             )
-        self.variables = _captured_variables(
-            [function.get_concrete_function() for function in self._functions.values()]
-        )
+
+    @functools.cached_property
+    def variables(self):
+        """The variables every signature reads, each once. Tracing each signature to find them is
+        what a SavedModel needs; a TFLite file traces only its own functions, so this waits until
+        asked."""
+        return captured_variables([function.get_concrete_function() for function in self._functions.values()])
 
     @property
     def info(self):
@@ -248,7 +253,7 @@ class ServingSignatures:
         return [self._functions[name].get_concrete_function() for name in names]
 
 
-def _captured_variables(concrete_functions):
+def captured_variables(concrete_functions):
     """The variables the functions read, each once, in a stable order."""
     seen, variables = set(), []
     for function in concrete_functions:

@@ -7,9 +7,11 @@ from ai_edge_litert import schema_py_generated as schema
 from ai_edge_litert.interpreter import Interpreter
 
 from kzoo import data
+from kzoo import export
 from kzoo import models
 from kzoo.export import litertlm
 from kzoo.export.tflite import graph_passes
+from kzoo.export.tflite.convert import convert
 
 
 def counts(flatbuffer):
@@ -83,3 +85,16 @@ def test_a_bundles_attention_branches_are_shared_by_its_layers():
     # boolean tensor but the scalar choosing the next span (XNNPack, LiteRT's CPU delegate, takes
     # no boolean op, and a branch with one ran 2-3x slower).
     assert set(branch_boolean_shapes(flatbuffer)) == {()}
+
+
+def test_a_tflite_file_traces_only_its_own_signatures():
+    backbone = models.GPTBackbone(
+        vocabulary_size=32, num_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=16, max_sequence_length=16
+    )
+    signatures = export.ServingSignatures(models.GPTCausalLM(backbone), cache_length=16)
+    flatbuffer = convert(signatures, "tflite_fp32")
+    assert set(Interpreter(model_content=flatbuffer).get_signature_list()) == {"serving_default", "prefill", "decode"}
+    # The SavedModel's `generate` (a whole decoding loop) is traced only when a SavedModel is made.
+    generate = signatures.savedmodel_signatures()["generate"]
+    assert generate.experimental_get_tracing_count() == 0
+    assert len(signatures.variables) == len(backbone.weights) and generate.experimental_get_tracing_count() == 1

@@ -97,8 +97,6 @@ class RuntimeSignatures:
             spans = cache_spans(self.spans, max_queries=queries) if self.spans else contextlib.nullcontext()
             with spans, one_row_as_is():
                 self._concrete.append(function.get_concrete_function())
-        seen = set()
-        self.variables = [v for f in self._concrete for v in f.variables if id(v) not in seen and not seen.add(id(v))]
 
     def tflite_functions(self, generation=True):
         return self._concrete

@@ -8,6 +8,7 @@ import tensorflow as tf
 from kzoo import _compat
 from kzoo import logs
 from kzoo.export.serving_signatures import INFO_NAME
+from kzoo.export.serving_signatures import captured_variables
 from kzoo.export.tflite import graph_passes
 
 # Format name -> what its weights and activations are. Every format keeps a
@@ -44,9 +45,10 @@ def convert(signatures, tflite_format, representative_dataset=None, generation=T
         raise ValueError(f"Unknown TFLite format {tflite_format!r}; known: {sorted(TFLITE_FORMATS)}.")
     # The converter freezes what this module holds into constants: the variables alone. A
     # tokenizer's lookup tables (byte-level BPE) would become ops TFLite has no kernel for.
+    functions = signatures.tflite_functions(generation)
     variables = tf.Module(name="kzoo_tflite")
-    variables.model_variables = list(signatures.variables)
-    converter = tf.lite.TFLiteConverter.from_concrete_functions(signatures.tflite_functions(generation), variables)
+    variables.model_variables = captured_variables(functions)
+    converter = tf.lite.TFLiteConverter.from_concrete_functions(functions, variables)
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
     if signatures.tied_embeddings:
         # The converter folds a norm's scale into the next layer's weights; folded into a tied
