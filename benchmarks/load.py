@@ -6,7 +6,7 @@ median seconds of the load (after the library's import), the resident memory onc
 peak, the float32 bytes of the weights, and kzoo's ratios. Memory is the process's, so each
 library's import is in both figures.
 
-    python -m benchmarks.load [NAME ...] [--rounds 2] [--out record.json]
+    python -m benchmarks.load [NAME ...] [--rounds 2] [--libraries kzoo transformers] [--out record.json]
 """
 
 import argparse
@@ -39,6 +39,9 @@ print(json.dumps({"seconds": seconds, "resident_bytes": resident, "peak_bytes": 
 """
 
 
+LIBRARIES = ("kzoo", "transformers")
+
+
 def measure(path, library):
     result = subprocess.run(
         [sys.executable, "-c", MEASURE, str(path), library], capture_output=True, text=True, check=True
@@ -52,6 +55,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", help="models of kzoo.checkpoints.fetch (default: every one fetched)")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--libraries", nargs="+", choices=LIBRARIES, default=list(LIBRARIES), help="which to measure (default: both)"
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     names = args.names or [name for name in sorted(fetch.MODELS) if fetch.path(name)]
@@ -60,7 +66,7 @@ def main():
         path = fetch.path(name)
         if path is None:
             sys.exit(f"{name} is not fetched: python -m kzoo.checkpoints.fetch {name}")
-        runs = {"kzoo": [], "transformers": []}
+        runs = {library: [] for library in args.libraries}
         for _ in range(args.rounds):
             for library in runs:
                 wait_for_quiet(limit_seconds=30)
@@ -69,14 +75,13 @@ def main():
             library: {key: statistics.median(run[key] for run in values) for key in values[0]}
             for library, values in runs.items()
         }
-        ours, theirs = median["kzoo"], median["transformers"]
-        results[name] = {
-            "float32_weight_bytes": 4 * ours["parameters"],
-            **median,
-            "kzoo_speedup": round(theirs["seconds"] / ours["seconds"], 2),
-            "kzoo_peak_over_transformers": round(ours["peak_bytes"] / theirs["peak_bytes"], 2),
-            "kzoo_peak_over_float32_weights": round(ours["peak_bytes"] / (4 * ours["parameters"]), 2),
-        }
+        results[name] = {"float32_weight_bytes": 4 * next(iter(median.values()))["parameters"], **median}
+        ours, theirs = median.get("kzoo"), median.get("transformers")
+        if ours:
+            results[name]["kzoo_peak_over_float32_weights"] = round(ours["peak_bytes"] / (4 * ours["parameters"]), 2)
+        if ours and theirs:
+            results[name]["kzoo_speedup"] = round(theirs["seconds"] / ours["seconds"], 2)
+            results[name]["kzoo_peak_over_transformers"] = round(ours["peak_bytes"] / theirs["peak_bytes"], 2)
     report("load", {"rounds": args.rounds, "models": results}, args.out)
 
 

@@ -10,6 +10,7 @@ import gguf
 import numpy as np
 
 from kzoo import config
+from kzoo.checkpoints import arrays
 
 # Every type `gguf.quants.dequantize` turns into float32.
 SUPPORTED_TYPES = (
@@ -45,14 +46,15 @@ _FLOATS = ("F32", "F16", "BF16")
 def dequantize(raw, tensor_type, shape):
     """The float32 values of `raw` (the tensor's bytes, a uint8 array) of `tensor_type` and
     Hugging Face `shape` (rows last), exactly as `gguf.quants.dequantize` gives them; F32's are a
-    view of `raw`. Block types are dequantized in groups of rows on every core."""
+    view of `raw`. Block types are dequantized in groups of rows on every core, into an array a
+    variable can adopt (`arrays.empty`)."""
     block, type_size = gguf.GGML_QUANT_SIZES[tensor_type]
     rows = raw.reshape(-1, shape[-1] // block * type_size)
     quant = getattr(gguf.quants, tensor_type.name, None)
     if tensor_type.name in _FLOATS or quant is None or rows.shape[0] == 1:
         return gguf.quants.dequantize(rows.reshape(*shape[:-1], -1), tensor_type)
     quant.init_grid()  # the IQ types' lookup grid, once
-    out = np.empty((rows.shape[0], shape[-1]), np.float32)
+    out = arrays.empty((rows.shape[0], shape[-1]), np.float32)
     step = max(1, GROUP_VALUES // shape[-1])
 
     def group(start):

@@ -32,6 +32,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
+from kzoo.checkpoints import arrays
 from kzoo.checkpoints.errors import CheckpointError
 from kzoo.checkpoints.errors import problem_lines
 from kzoo.checkpoints.gguf import quantization
@@ -187,7 +188,7 @@ class GGUFCheckpoint:
                 f"Cannot dequantize tensor {tensor.name!r} ({tensor.type.name}) of {self.path}: {error}"
             ) from error
         weights = llama_cpp_changes(weights, tensor.name, self.config, self._spec, to_llama_cpp=False)
-        return weights.copy() if np.may_share_memory(weights, raw) else weights  # F32 is a view of the file
+        return arrays.copy(weights) if np.may_share_memory(weights, raw) else weights  # F32 is a view of the file
 
     @property
     def tokenizer_fields(self):

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from kzoo import _compat
+from kzoo.checkpoints import arrays
 from kzoo.checkpoints.errors import CheckpointError
 from kzoo.checkpoints.errors import problem_lines
 from kzoo.checkpoints.hf.safetensors import FLOAT_DTYPES
@@ -272,13 +273,16 @@ def _tied(head, task):
 
 
 def _contiguous(array, dtype, rows=256):
-    """`array` as a C-contiguous array of `dtype`; a transposed view is copied a band of rows of the
-    original at a time, which keeps the reads and writes within the caches (twice as fast as one
-    strided copy)."""
+    """`array` as a C-contiguous array of `dtype` in memory a variable can adopt (`arrays.shareable`):
+    `array` itself where it already is one, else a copy; a transposed view is copied a band of rows
+    of the original at a time, which keeps the reads and writes within the caches (twice as fast as
+    one strided copy)."""
     array = np.asarray(array)
-    if array.flags.c_contiguous or array.ndim != 2 or not array.T.flags.c_contiguous:
-        return np.ascontiguousarray(array, dtype=dtype)
-    out = np.empty(array.shape, dtype)
+    if array.dtype == dtype and arrays.shareable(array):
+        return array
+    if array.ndim != 2 or array.flags.c_contiguous or not array.T.flags.c_contiguous:
+        return arrays.copy(array, dtype)
+    out = arrays.empty(array.shape, dtype)
     source = array.T  # contiguous, (columns, rows) of `out`
     for start in range(0, source.shape[0], rows):
         out[:, start : start + rows] = source[start : start + rows].T
@@ -326,16 +330,21 @@ def _load_weights(backbone_maps, head_maps, reader, family, head, path, task=Non
             if source in names and not np.array_equal(reader.read(name), reader.read(source)):
                 problems.append(f"tensor {name!r} differs from {source!r}: kzoo ties the two, so it cannot hold both")
     for map_, full in [] if problems else ready:
-        arrays = [reader.read(name) for name in full]
+        values = [reader.read(name) for name in full]
         problems += [
             f"tensor {name!r} holds {np.size(a) - np.count_nonzero(np.isfinite(a))} NaN or infinite values"
-            for name, a in zip(full, arrays)
+            for name, a in zip(full, values)
             if not np.isfinite(a).all()
         ]
         if not problems:
-            for weight, value in zip(map_.weights, map_.to_keras(arrays)):
-                _compat.set_variable(weight, _contiguous(value, weight.dtype))
-        del arrays
+            given = []  # each variable adopts memory of its own: one a map gives twice is copied
+            for weight, value in zip(map_.weights, map_.to_keras(values)):
+                value = _contiguous(value, weight.dtype)
+                if any(np.may_share_memory(value, other) for other in given):
+                    value = arrays.copy(value)
+                given.append(value)
+                _compat.set_variable(weight, arrays.variable_value(value))
+        del values
     if problems:
         sources = ", ".join(reader.sources()) or "no tensors"
         raise CheckpointError(f"Cannot load {path} ({sources}):" + problem_lines(problems))
