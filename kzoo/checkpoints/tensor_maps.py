@@ -29,6 +29,9 @@ class TensorMap:
         layers: the layers owning the weights, in their order (each a kernel and maybe a bias,
             or an embedding table), whose own calls give the values of quantized ones (see
             `values`); empty for variables read directly.
+        transposed: the names whose arrays `to_keras` transposes (a `torch.nn.Linear`'s
+            weight): a reader that can lay them out column-major (`read(name, order="F")`) saves
+            the copy that makes the transpose contiguous.
     """
 
     weights: tuple
@@ -36,6 +39,7 @@ class TensorMap:
     to_keras: object
     to_hf: object
     layers: tuple = ()
+    transposed: tuple = ()
 
 
 def linear(layer, name, input_axes=1, transposed=True):
@@ -54,9 +58,11 @@ def linear(layer, name, input_axes=1, transposed=True):
         weight = arrays[0].reshape(inputs, -1)
         return [weight.T if transposed else weight] + [b.reshape(-1) for b in arrays[1:]]
 
+    read_transposed = (f"{name}.weight",) if transposed else ()
     if bias is None:
-        return TensorMap((layer.kernel,), (f"{name}.weight",), to_keras, to_hf, (layer,))
-    return TensorMap((layer.kernel, bias), (f"{name}.weight", f"{name}.bias"), to_keras, to_hf, (layer,))
+        return TensorMap((layer.kernel,), (f"{name}.weight",), to_keras, to_hf, (layer,), read_transposed)
+    names = (f"{name}.weight", f"{name}.bias")
+    return TensorMap((layer.kernel, bias), names, to_keras, to_hf, (layer,), read_transposed)
 
 
 def fused_linear(layers, name, transposed=True):

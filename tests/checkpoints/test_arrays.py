@@ -79,7 +79,7 @@ class _Reader:
     def sources(self):
         return ["memory"]
 
-    def read(self, name):
+    def read(self, name, order="C"):
         return arrays.copy(self.tensors[name])
 
 

@@ -25,6 +25,7 @@ from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS
 from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
 from kzoo import files
+from kzoo.checkpoints import arrays
 from kzoo.checkpoints.errors import CheckpointError
 from kzoo.checkpoints.families import written_as_gguf
 from kzoo.checkpoints.gguf import quantization
@@ -882,3 +883,22 @@ def test_dequantizing_in_row_groups_on_every_core_gives_ggufs_values(name, monke
     np.testing.assert_array_equal(quantization.dequantize(raw, qtype, shape), expected)
     monkeypatch.setattr(quantization, "GROUP_VALUES", 512)
     np.testing.assert_array_equal(quantization.dequantize(raw, qtype, shape), expected)
+    column_major = quantization.dequantize(raw, qtype, shape, order="F")
+    np.testing.assert_array_equal(column_major, expected)
+    assert column_major.T.flags.c_contiguous and arrays.shareable(column_major.T)
+
+
+def test_a_quantized_linear_weight_reads_column_major_into_its_kernel(tmp_path):
+    """A quantized Linear weight is dequantized straight into its kernel's layout (its transpose), with
+    the values of the row-major read, and the kernel loaded from it holds them."""
+    from kzoo.models import DecoderBackbone
+
+    path = write_llama_cpp(tmp_path / "m.gguf", qtype=Q.Q8_0)
+    checkpoint = GGUFCheckpoint(path)
+    name = "model.layers.0.mlp.up_proj.weight"
+    weight = checkpoint.read(name, order="F")
+    np.testing.assert_array_equal(weight, checkpoint.read(name))
+    assert weight.T.flags.c_contiguous and not weight.flags.c_contiguous
+    backbone = DecoderBackbone.from_preset(str(path))
+    kernel = backbone.transformer_blocks[0].feed_forward.intermediate_dense.kernel
+    np.testing.assert_array_equal(kernel.numpy(), weight.T)

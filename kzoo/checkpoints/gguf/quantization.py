@@ -43,22 +43,28 @@ GROUP_VALUES = 1 << 18
 _FLOATS = ("F32", "F16", "BF16")
 
 
-def dequantize(raw, tensor_type, shape):
+def dequantize(raw, tensor_type, shape, order="C"):
     """The float32 values of `raw` (the tensor's bytes, a uint8 array) of `tensor_type` and
     Hugging Face `shape` (rows last), exactly as `gguf.quants.dequantize` gives them; F32's are a
     view of `raw`. Block types are dequantized in groups of rows on every core, into an array a
-    variable can adopt (`arrays.empty`)."""
+    variable can adopt (`arrays.empty`); with `order` "F" a 2-D one is written column-major (each
+    group transposed while it is in the caches), for a caller that wants its transpose."""
     block, type_size = gguf.GGML_QUANT_SIZES[tensor_type]
     rows = raw.reshape(-1, shape[-1] // block * type_size)
     quant = getattr(gguf.quants, tensor_type.name, None)
     if tensor_type.name in _FLOATS or quant is None or rows.shape[0] == 1:
         return gguf.quants.dequantize(rows.reshape(*shape[:-1], -1), tensor_type)
     quant.init_grid()  # the IQ types' lookup grid, once
-    out = arrays.empty((rows.shape[0], shape[-1]), np.float32)
+    transposed = order == "F" and len(shape) == 2
+    out = arrays.empty((shape[-1], rows.shape[0]) if transposed else (rows.shape[0], shape[-1]), np.float32)
     step = max(1, GROUP_VALUES // shape[-1])
 
     def group(start):
-        out[start : start + step] = quant.dequantize_rows(rows[start : start + step])
+        values = quant.dequantize_rows(rows[start : start + step])
+        if transposed:
+            out[:, start : start + step] = values.T
+        else:
+            out[start : start + step] = values
 
     starts = range(0, rows.shape[0], step)
     if len(starts) == 1:
@@ -66,7 +72,7 @@ def dequantize(raw, tensor_type, shape):
     else:
         with concurrent.futures.ThreadPoolExecutor(config.cpu_cores()) as pool:
             list(pool.map(group, starts))
-    return out.reshape(shape)
+    return out.T if transposed else out.reshape(shape)
 
 
 def written_type(gguf_name, array, file_type):

@@ -177,12 +177,14 @@ class GGUFCheckpoint:
         """The file, for messages."""
         return [self.path.name]
 
-    def read(self, name):
-        """The tensor `name` as a new float32 array in Hugging Face's layout."""
+    def read(self, name, order="C"):
+        """The tensor `name` as a new float32 array in Hugging Face's layout; `order` "F" asks for
+        it column-major (its transpose C-contiguous, for a map that transposes it), which
+        quantized matrices are."""
         tensor = self._tensor(name)
         raw = np.frombuffer(self._data, np.uint8, tensor.size, tensor.start)
         try:
-            weights = quantization.dequantize(raw, tensor.type, tensor.shape)
+            weights = quantization.dequantize(raw, tensor.type, tensor.shape, order)
         except Exception as error:
             raise CheckpointError(
                 f"Cannot dequantize tensor {tensor.name!r} ({tensor.type.name}) of {self.path}: {error}"

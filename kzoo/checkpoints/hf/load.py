@@ -158,7 +158,7 @@ def load(cls, path, kwargs, reader=None, config=None, source=None):
         path: a Hugging Face folder, or where `reader` and `config` come from.
         kwargs: as above.
         reader: None (the folder's safetensors) or a reader with `names()`, `shape(name)`,
-            `dtype(name)`, `values()`, `sources()` and `read(name)` (a GGUF file's).
+            `dtype(name)`, `values()`, `sources()` and `read(name, order)` (a GGUF file's).
         config: None (the folder's `config.json`) or the config dict.
         source: what errors name for the config (default: the `config.json` path).
     """
@@ -330,7 +330,8 @@ def _load_weights(backbone_maps, head_maps, reader, family, head, path, task=Non
             if source in names and not np.array_equal(reader.read(name), reader.read(source)):
                 problems.append(f"tensor {name!r} differs from {source!r}: kzoo ties the two, so it cannot hold both")
     for map_, full in [] if problems else ready:
-        values = [reader.read(name) for name in full]
+        orders = ["F" if name in map_.transposed else "C" for name in map_.names]
+        values = [reader.read(name, order) for name, order in zip(full, orders)]
         problems += [
             f"tensor {name!r} holds {np.size(a) - np.count_nonzero(np.isfinite(a))} NaN or infinite values"
             for name, a in zip(full, values)

@@ -168,7 +168,9 @@ class SafetensorsReader:
         """The files the tensors come from, for messages."""
         return sorted({file.path.name for file in self.files.values()})
 
-    def read(self, name):
+    def read(self, name, order="C"):
+        """The tensor `name` as a float32 NumPy array (a copy), C-contiguous whatever `order` asks
+        (the GGUF reader's hint)."""
         return self.files[name].read(name)
 
 
