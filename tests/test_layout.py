@@ -93,15 +93,3 @@ def test_old_paths_answer_from_the_new_home(old):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert module.__name__ == old  # no warning for the module's own attributes
-
-
-def test_import_kzoo_leaves_the_heavy_libraries_for_their_first_use():
-    """`import kzoo` (TensorFlow and Keras) loads no tokenizer, checkpoint or reference library:
-    they load where a tokenizer, a checkpoint or an export first needs them."""
-    import subprocess
-    import sys
-
-    heavy = ("keras_hub", "tokenizers", "tensorflow_text", "gguf", "safetensors", "transformers", "torch")
-    code = f"import sys, kzoo; print([m for m in {heavy!r} if m in sys.modules])"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert result.stdout.strip() == "[]"

@@ -12,6 +12,7 @@ from pathlib import Path
 from kzoo import logs
 
 REPOSITORY = Path(__file__).resolve().parents[1]
+HEAVY = ("keras_hub", "tokenizers", "tensorflow_text", "gguf", "safetensors", "transformers", "torch")
 # As TensorFlow 2.21 prints them at import on an x86 CPU machine.
 IMPORT_LINES = (
     b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
@@ -107,14 +108,17 @@ def test_quiet_unless_the_level_is_set():
 
 def test_import_kzoo_leaves_the_process_as_it_was():
     """No exit handler that silences the process (a user's handler registered before the import
-    still prints at exit, and so does an error at interpreter shutdown), and no XLA option added
-    until kzoo compiles a generation loop."""
+    still prints at exit, and so does an error at interpreter shutdown), no XLA option added
+    until kzoo compiles a generation loop, and no tokenizer, checkpoint or reference library
+    loaded (`HEAVY`: they load where a tokenizer, a checkpoint or an export first needs them)."""
     child = """
 import atexit, os, sys
 atexit.register(lambda: print("the user's exit handler", file=sys.stderr))
 flags = os.environ.get("XLA_FLAGS")
 import kzoo
 from kzoo import config
+heavy = [m for m in HEAVY if m in sys.modules]
+assert not heavy, f"import kzoo loaded {heavy}"
 assert os.environ.get("XLA_FLAGS") == flags, os.environ.get("XLA_FLAGS")
 model = kzoo.models.GPTCausalLM(kzoo.models.GPTBackbone(
     vocabulary_size=8, num_layers=1, num_heads=1, hidden_dim=4, intermediate_dim=8, max_sequence_length=8))
@@ -129,6 +133,7 @@ sys.modules["late"] = Late()
         name: value for name, value in os.environ.items() if name not in ("TF_CPP_MIN_LOG_LEVEL", "XLA_FLAGS")
     }
     environment["PYTHONPATH"] = str(REPOSITORY)
+    child = f"HEAVY = {HEAVY!r}\n{child}"
     result = subprocess.run([sys.executable, "-c", child], env=environment, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "the user's exit handler" in result.stderr and "at shutdown" in result.stderr
