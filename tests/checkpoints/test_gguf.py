@@ -902,3 +902,17 @@ def test_a_quantized_linear_weight_reads_column_major_into_its_kernel(tmp_path):
     backbone = DecoderBackbone.from_preset(str(path))
     kernel = backbone.transformer_blocks[0].feed_forward.intermediate_dense.kernel
     np.testing.assert_array_equal(kernel.numpy(), weight.T)
+
+
+@pytest.mark.parametrize("name", sorted(quantization._INTO))
+def test_kzoos_own_block_arithmetic_is_ggufs_bit_for_bit(name):
+    """The types kzoo dequantizes itself give gguf's float32 bits, for every float16 scale (zeros,
+    subnormals, infinities and NaNs among them) and random quantized values."""
+    qtype = Q[name]
+    block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    blocks = np.random.default_rng(1).integers(0, 256, (1 << 16, type_size), dtype=np.uint8)
+    blocks[:, :2] = np.arange(1 << 16, dtype=np.uint16).view(np.uint8).reshape(-1, 2)  # every scale
+    expected = gguf.quants.dequantize(blocks, qtype)
+    out = np.empty((len(blocks), block), np.float32)
+    quantization._INTO[name](blocks, out)
+    np.testing.assert_array_equal(out.view(np.uint32), expected.view(np.uint32))

@@ -41,6 +41,39 @@ def byte_size(tensor_type, shape):
 # large arrays).
 GROUP_VALUES = 1 << 18
 _FLOATS = ("F32", "F16", "BF16")
+_NIBBLES = np.uint64(0x0F0F0F0F0F0F0F0F)
+
+
+def _scales(blocks):
+    """The float16 scale `d` each block starts with, as float32 `(blocks, 1)`."""
+    return blocks[:, :2].copy().view(np.float16).astype(np.float32)
+
+
+def _q5_0_into(blocks, out):
+    """Q5_0 blocks (`d`, 32 high bits, 16 bytes of low nibbles) into `out`, `(blocks, 32)`: gguf's
+    `d * (q - 16)`, with the nibbles split eight at a time in 64-bit words and the high bits unpacked by
+    `np.unpackbits`, where gguf shifts every value by its own position."""
+    count = blocks.shape[0]
+    low = blocks[:, 6:].copy().view(np.uint64)  # (blocks, 2): bytes j hold values j and j + 16
+    q = np.empty((count, 4), np.uint64)  # values 0-15, then 16-31, one per byte
+    np.bitwise_and(low, _NIBBLES, out=q[:, :2])
+    np.right_shift(low, np.uint64(4), out=q[:, 2:])
+    q[:, 2:] &= _NIBBLES
+    high = np.unpackbits(blocks[:, 2:6], axis=1, bitorder="little").view(np.uint64)  # bit i of value i
+    high <<= np.uint64(4)
+    q |= high
+    np.subtract(q.view(np.uint8).reshape(count, 32), np.float32(16), out=out, dtype=np.float32)
+    out *= _scales(blocks)
+
+
+def _q8_0_into(blocks, out):
+    """Q8_0 blocks (`d`, 32 int8) into `out`, `(blocks, 32)`: gguf's `x * d`."""
+    np.multiply(blocks[:, 2:].view(np.int8), _scales(blocks), out=out, dtype=np.float32)
+
+
+# Block types kzoo dequantizes itself, straight into the output, with gguf's values bit for bit: the
+# types llama.cpp's Q4_K_M files hold most of their weights in.
+_INTO = {"Q5_0": _q5_0_into, "Q8_0": _q8_0_into}
 
 
 def dequantize(raw, tensor_type, shape, order="C"):
@@ -59,11 +92,18 @@ def dequantize(raw, tensor_type, shape, order="C"):
     out = arrays.empty((shape[-1], rows.shape[0]) if transposed else (rows.shape[0], shape[-1]), np.float32)
     step = max(1, GROUP_VALUES // shape[-1])
 
+    into = _INTO.get(tensor_type.name)
+
     def group(start):
-        values = quant.dequantize_rows(rows[start : start + step])
+        band = rows[start : start + step]
+        if into is None:
+            values = quant.dequantize_rows(band)
+        else:
+            values = np.empty((band.shape[0], shape[-1]), np.float32) if transposed else out[start : start + step]
+            into(band.reshape(-1, type_size), values.reshape(-1, block))
         if transposed:
             out[:, start : start + step] = values.T
-        else:
+        elif into is None:
             out[start : start + step] = values
 
     starts = range(0, rows.shape[0], step)
