@@ -24,7 +24,7 @@ def pytest_xdist_auto_num_workers(config):
     return math.ceil(WORKERS_PER_CORE * cores)
 
 
-# The longest tests (a minute or more each on 2 cores), started first: xdist hands tests out in
+# The longest tests of the tiers, started first: xdist hands tests out in
 # order, and one of these started last keeps a worker busy long after the others are done.
 LONGEST_FIRST = (
     "tests/test_docs.py::test_readme_examples_run",
@@ -33,6 +33,12 @@ LONGEST_FIRST = (
     "tests/recipes/test_resume.py::test_a_killed_recipe_reruns",
     "tests/recipes/test_lm_compare.py",
     "tests/export/test_quiet.py",
+    # The fast tier's longest (20 s or more each on 2 cores); those above take a minute or more.
+    "tests/models/test_seq2seq.py::test_overfits_a_tiny_batch",
+    "tests/export/test_litertlm.py::test_greedy_text_in_the_runtime_equals_keras_generate",
+    "tests/models/test_gpt_generate.py::test_ragged_prompts_in_one_batch_equal_each_row_alone",
+    "tests/models/test_quantization.py::test_int8_quantization_stays_close_to_float32_and_reloads",
+    "tests/models/test_seq2seq_generate.py::test_the_xla_loop_gives_the_tokens_of_the_traced_loop",
 )
 
 
