@@ -95,3 +95,21 @@ def test_two_variables_a_map_gives_the_same_array_get_memory_of_their_own():
     first.assign(first + 1)
     np.testing.assert_array_equal(first.numpy(), value + 1)
     np.testing.assert_array_equal(second.numpy(), value)
+
+
+@pytest.mark.parametrize(
+    "values, finite",
+    [
+        ([1.0, -2.0], True),
+        ([1.0, np.nan], False),
+        ([np.inf, 1.0], False),
+        ([np.inf, -np.inf], False),
+        ([3e38, 3e38], True),
+    ],  # fmt: skip
+)
+def test_the_loaders_finite_check(values, finite):
+    """A NaN or infinity anywhere is found; finite values whose sum overflows are finite."""
+    array = np.zeros((64, 64), "float32")
+    array.flat[[5, 3000]] = values
+    assert hf_load._all_finite(array) is finite
+    assert hf_load._all_finite(array.T) is finite

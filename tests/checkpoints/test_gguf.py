@@ -916,3 +916,29 @@ def test_kzoos_own_block_arithmetic_is_ggufs_bit_for_bit(name):
     out = np.empty((len(blocks), block), np.float32)
     quantization._INTO[name](blocks, out)
     np.testing.assert_array_equal(out.view(np.uint32), expected.view(np.uint32))
+
+
+def _mapped_kilobytes(path):
+    """The resident kilobytes of this process' mappings of `path` (Linux' /proc/self/smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if "-" in fields[0] and len(fields) >= 5:  # a mapping's first line; its path, if any, last
+                inside = fields[-1] == str(path)
+            elif inside and fields[0] == "Rss:":
+                total += int(fields[1])
+    return total
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads Linux' /proc/self/smaps")
+def test_a_read_tensor_leaves_no_file_pages_resident(tmp_path):
+    """Each tensor's pages of the mapped file are dropped once read: the peak of a load holds the
+    model, not the model and the whole file."""
+    table = np.random.default_rng(0).normal(size=(4096, LLAMA_CPP["hidden"])).astype(np.float32)  # 4 MiB
+    tensors = {"token_embd.weight": table, "output.weight": table}
+    path = write_llama_cpp(tmp_path / "m.gguf", metadata={"llama.vocab_size": 4096}, tensors=tensors)
+    checkpoint = GGUFCheckpoint(path)
+    np.testing.assert_array_equal(checkpoint.read("model.embed_tokens.weight"), table)
+    assert _mapped_kilobytes(path.resolve()) < table.nbytes / 1024 / 8
+    np.testing.assert_array_equal(checkpoint.read("model.embed_tokens.weight"), table)  # read again, from the file

@@ -190,7 +190,17 @@ class GGUFCheckpoint:
                 f"Cannot dequantize tensor {tensor.name!r} ({tensor.type.name}) of {self.path}: {error}"
             ) from error
         weights = llama_cpp_changes(weights, tensor.name, self.config, self._spec, to_llama_cpp=False)
-        return arrays.copy(weights) if np.may_share_memory(weights, raw) else weights  # F32 is a view of the file
+        weights = arrays.copy(weights) if np.may_share_memory(weights, raw) else weights  # F32 is a view of the file
+        self._release(tensor)
+        return weights
+
+    def _release(self, tensor):
+        """Drops the file's pages of `tensor` from this process' memory, read once: else every page
+        read stays resident until the file is closed, and the peak holds the whole file beside the
+        model. (The data stays in the system's page cache; a later read maps it again.)"""
+        if hasattr(mmap, "MADV_DONTNEED"):
+            start = tensor.start // mmap.PAGESIZE * mmap.PAGESIZE
+            self._data.madvise(mmap.MADV_DONTNEED, start, tensor.start + tensor.size - start)
 
     @property
     def tokenizer_fields(self):

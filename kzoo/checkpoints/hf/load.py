@@ -272,6 +272,14 @@ def _tied(head, task):
     return head.tied(task) if callable(head.tied) else head.tied
 
 
+def _all_finite(array):
+    """Whether every value of `array` is finite: a NaN or infinity makes the sum NaN or infinite, so a
+    finite sum (one pass, no array of booleans as large as the tensor) settles it; only a sum that
+    overflows is checked value by value."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return bool(np.isfinite(np.sum(array))) or bool(np.isfinite(array).all())
+
+
 def _contiguous(array, dtype, rows=256):
     """`array` as a C-contiguous array of `dtype` in memory a variable can adopt (`arrays.shareable`):
     `array` itself where it already is one, else a copy; a transposed view is copied a band of rows
@@ -335,7 +343,7 @@ def _load_weights(backbone_maps, head_maps, reader, family, head, path, task=Non
         problems += [
             f"tensor {name!r} holds {np.size(a) - np.count_nonzero(np.isfinite(a))} NaN or infinite values"
             for name, a in zip(full, values)
-            if not np.isfinite(a).all()
+            if not _all_finite(a)
         ]
         if not problems:
             given = []  # each variable adopts memory of its own: one a map gives twice is copied
