@@ -122,8 +122,12 @@ class HFTokenizer(keras_hub.tokenizers.Tokenizer):
         if tokenizer is not None:
             self.set_tokenizer(tokenizer)
 
-    def set_tokenizer(self, tokenizer):
+    def set_tokenizer(self, tokenizer, copy=True):
         """Sets the `tokenizers.Tokenizer` (or `tokenizer.json` text or path) this layer runs.
+
+        A `tokenizers.Tokenizer` is copied unless `copy` is False: then this layer takes it over
+        (and adds its special tokens to it), which spares rebuilding a large vocabulary for a
+        caller that made it for this layer alone.
 
         A byte-fallback BPE (SentencePiece-style) whose vocabulary lacks some of its 256 byte
         tokens `<0x00>`..`<0xFF>` is kept, with a warning naming the file: a character outside
@@ -139,7 +143,7 @@ class HFTokenizer(keras_hub.tokenizers.Tokenizer):
             self.tokenizer_source = str(tokenizer)
         with _panics_as_errors(self._source, "reading it"):
             if isinstance(tokenizer, tokenizers.Tokenizer):
-                backend = tokenizers.Tokenizer.from_str(tokenizer.to_str())
+                backend = tokenizers.Tokenizer.from_str(tokenizer.to_str()) if copy else tokenizer
             elif is_text:
                 backend = tokenizers.Tokenizer.from_str(tokenizer)
             elif isinstance(tokenizer, (str, Path)):

@@ -719,3 +719,13 @@ def test_what_a_gguf_cannot_hold_is_refused():
     partial.train_from_iterator([tokenizer_files.corpus()[:20000]], trainer)
     with pytest.raises(ValueError, match="merges are not all of them, so no scores express them"):
         gguf_tokenizer.gguf_tokenizer_fields(HFTokenizer(partial))
+
+
+def test_set_tokenizer_copies_a_tokenizer_unless_told_to_take_it_over():
+    vocabulary = {"a": 0, "b": 1, "ab": 2, "<s>": 3}
+    made = [byte_pair.byte_level(vocabulary, [("a", "b")]) for _ in range(2)]
+    copied, taken = HFTokenizer(bos_token="<s>"), HFTokenizer(bos_token="<s>")
+    copied.set_tokenizer(made[0])
+    taken.set_tokenizer(made[1], copy=False)
+    assert copied.backend is not made[0] and taken.backend is made[1]
+    assert ids(copied, "abab") == ids(taken, "abab") == [2, 2]

@@ -146,15 +146,14 @@ def tokenizer_from_gguf(fields, source=None):
                 raise ValueError(f"GGUF field {key} is {token_id}, outside the {len(tokens)} tokens.")
             named[name] = tokens[token_id]
     if model == "gpt2":
-        backend = _byte_level(fields, tokens)
+        backend, present = _byte_level(fields, tokens)
         # A control token spelled outside the byte alphabet is a mislabel (transformers skips it).
         alphabet = set(byte_pair.byte_alphabet())
         control = [token for token, kind in zip(tokens, types) if kind == CONTROL and set(token) <= alphabet]
     else:
         gemma = architecture in GEMMA_ARCHITECTURES
-        backend = _sentencepiece(fields, tokens, gemma, named.get("unk_token"))
+        backend, present = _sentencepiece(fields, tokens, gemma, named.get("unk_token"))
         control = [token for token, kind in zip(tokens, types) if kind == CONTROL]
-    present = backend.get_vocab()
     user_defined = [token for token, kind in zip(tokens, types) if kind == USER_DEFINED and token in present]
     added = [(token, True) for token in control] + [(token, False) for token in user_defined]
     byte_pair.add_tokens(backend, added, named.values())
@@ -166,7 +165,8 @@ def tokenizer_from_gguf(fields, source=None):
     if template is not None and not isinstance(template, str):
         raise ValueError(f"GGUF field {CHAT_TEMPLATE} must be a string; it is a {type(template).__name__}.")
     where = f"the tokenizer of {source}" if source else "the GGUF tokenizer"
-    tokenizer = HFTokenizer(backend, chat_template=template or None, tokenizer_source=where, **named)
+    tokenizer = HFTokenizer(chat_template=template or None, tokenizer_source=where, **named)
+    tokenizer.set_tokenizer(backend, copy=False)  # made here for it alone
     # Named in the template's errors (`kzoo.tokenizers.chat_template.ChatTemplateError`).
     tokenizer.chat_template_source = (
         f"the GGUF field {CHAT_TEMPLATE} of {source}" if source else f"the GGUF field {CHAT_TEMPLATE}"
@@ -184,24 +184,35 @@ def _field(fields, key, kind):
 
 
 def _byte_level(fields, tokens):
+    """The byte-level BPE of the file, and its vocabulary."""
     pre = fields.get(PRE, "default")
     if pre not in PRE_TOKENIZERS:
         raise ValueError(f"GGUF field {PRE} is {pre!r}, a split kzoo does not know; it reads {sorted(PRE_TOKENIZERS)}.")
-    # The vocabulary in the byte alphabet: a token written in plain characters is respelled.
+    # The vocabulary in the byte alphabet: a token written in plain characters is respelled (checked over
+    # all the tokens at once first: files seldom hold one).
     spelling = byte_pair.byte_alphabet()
     alphabet = set(spelling)
-    vocabulary = {}
-    for index, token in enumerate(tokens):
-        spelled = token if set(token) <= alphabet else "".join(spelling[byte] for byte in token.encode("utf-8"))
-        vocabulary[spelled] = index
-    return byte_pair.byte_level(vocabulary, _merges(fields, vocabulary), _pre_tokenizer(pre))
+    if set("".join(tokens)) <= alphabet:
+        vocabulary = dict(zip(tokens, range(len(tokens))))
+    else:
+        vocabulary = {}
+        for index, token in enumerate(tokens):
+            spelled = token if set(token) <= alphabet else "".join(spelling[byte] for byte in token.encode("utf-8"))
+            vocabulary[spelled] = index
+    return byte_pair.byte_level(vocabulary, _merges(fields, vocabulary), _pre_tokenizer(pre)), vocabulary
 
 
 def _merges(fields, vocabulary):
-    """The file's merges, each two tokens that make a third."""
-    merges = []
-    for index, merge in enumerate(_field(fields, MERGES, list)):
-        pair = merge.split(" ") if isinstance(merge, str) else []
+    """The file's merges, each two tokens that make a third (checked over all of them at once; entry by
+    entry only to name the first that is not)."""
+    entries = _field(fields, MERGES, list)
+    merges = [tuple(merge.split(" ")) if isinstance(merge, str) else () for merge in entries]
+    well_formed = (
+        all(len(pair) == 2 for pair in merges)
+        and vocabulary.keys() >= {token for pair in merges for token in pair}
+        and vocabulary.keys() >= set(map("".join, merges))
+    )
+    for index, (merge, pair) in enumerate([] if well_formed else zip(entries, merges)):
         if len(pair) != 2:
             raise ValueError(
                 f"GGUF field {MERGES} entry {index} ({merge!r:.40}) is not two tokens separated by a space."
@@ -209,11 +220,11 @@ def _merges(fields, vocabulary):
         missing = [token for token in [*pair, "".join(pair)] if token not in vocabulary]
         if missing:
             raise ValueError(f"GGUF field {MERGES} entry {index} ({merge!r:.40}) needs {missing}, not in the tokens.")
-        merges.append(tuple(pair))
     return merges
 
 
 def _sentencepiece(fields, tokens, gemma, unk_token):
+    """The SentencePiece-style BPE of the file (Gemma's pipeline or Llama's), and its vocabulary."""
     if gemma:
         # Gemma's files store a token of spaces as spaces, where its pipeline looks for "▁".
         tokens = [byte_pair.SPACE * len(t) if " " in t and not t.strip() else t for t in tokens]
@@ -231,8 +242,8 @@ def _sentencepiece(fields, tokens, gemma, unk_token):
             raise ValueError(f"GGUF field {SCORES} has {len(scores)} entries for {len(tokens)} tokens.")
         merges = byte_pair.merges_by_rank(vocabulary, dict(zip(tokens, scores)), descending=True)
     if gemma:
-        return byte_pair.sentencepiece_gemma(vocabulary, merges, unk_token)
-    return byte_pair.sentencepiece_llama(vocabulary, merges)
+        return byte_pair.sentencepiece_gemma(vocabulary, merges, unk_token), vocabulary
+    return byte_pair.sentencepiece_llama(vocabulary, merges), vocabulary
 
 
 def gguf_tokenizer_fields(tokenizer):
