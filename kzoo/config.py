@@ -10,7 +10,9 @@ always when fused training is off, the plain one runs. Both compute the same
 values and gradients.
 """
 
+import json
 import os
+import sys
 
 _fused_training = True
 
@@ -43,6 +45,31 @@ def add_xla_flags(environ=os.environ):
     named = {flag.split("=")[0].lstrip("-") for flag in flags}
     flags += [f"--{name}={value}" for name, value in XLA_FLAGS.items() if name not in named]
     environ["XLA_FLAGS"] = " ".join(flags)
+
+
+def keras_backend(environ=os.environ):
+    """The backend Keras runs on (or will, once imported), found without importing Keras.
+
+    `import keras` under TensorFlow imports TensorFlow, which `import kzoo` must import first and
+    quietly (`kzoo.logs`), and under JAX or PyTorch kzoo imports no TensorFlow at all (it may not
+    be installed); so kzoo asks before Keras is imported. Keras' own documented rule: a non-empty
+    `KERAS_BACKEND`, else the "backend" of `keras.json` in `KERAS_HOME` (default `~/.keras`, or
+    `/tmp/.keras` where the home folder is not writable), else "tensorflow". Once Keras is
+    imported, its own answer.
+    """
+    if "keras" in sys.modules:
+        return sys.modules["keras"].config.backend()
+    if environ.get("KERAS_BACKEND"):
+        return environ["KERAS_BACKEND"]
+    home = environ.get("KERAS_HOME")
+    if home is None:
+        base = os.path.expanduser("~")
+        home = os.path.join(base if os.access(base, os.W_OK) else "/tmp", ".keras")
+    try:
+        with open(os.path.join(os.path.expanduser(home), "keras.json")) as file:
+            return json.load(file).get("backend", "tensorflow")
+    except (OSError, ValueError):
+        return "tensorflow"
 
 
 def cpu_cores():

@@ -151,13 +151,15 @@ def prefill_length(prompt_mask):
 
 
 def compile_function(fn, jit_compile):
-    """`tf.function` (with XLA if asked) under TensorFlow; as is elsewhere,
-    where `ops.while_loop` compiles the loop body itself. Adds kzoo's XLA
-    options first (`kzoo.config.add_xla_flags`): without them XLA's CPU
-    compiler copies every KV cache twice per step."""
+    """`tf.function` (with XLA if asked) under TensorFlow; elsewhere `fn` itself, its
+    arguments made tensors, where `ops.while_loop` compiles the loop body. Adds kzoo's
+    XLA options first (`kzoo.config.add_xla_flags`): without them XLA's CPU compiler
+    copies every KV cache twice per step."""
     config.add_xla_flags()
     if keras.backend.backend() != "tensorflow":
-        return fn
+        # `tf.function` makes tensors of NumPy arguments; elsewhere that is done here, because a
+        # NumPy array cannot be indexed by the traced position of `ops.while_loop`'s body.
+        return lambda *args: fn(*keras.tree.map_structure(ops.convert_to_tensor, args))
     import tensorflow as tf
 
     return tf.function(fn, jit_compile=jit_compile)

@@ -1,4 +1,5 @@
 import re
+import sys
 import warnings
 
 import keras
@@ -12,6 +13,23 @@ from kzoo.models.backbone import from_constructor_config
 from kzoo.models.backbone import frozen_heap
 from kzoo.models.cross_entropy import TokenCrossEntropy
 from kzoo.models.generation import check_token_ids
+
+
+def is_text(x):
+    """Whether `x` is meant as text (`kzoo.tokenizers.packing.is_text`), asked without importing
+    TensorFlow where it is not imported yet: `packing` imports it, and token ids go to a model
+    under JAX or PyTorch where TensorFlow may not be installed. A string tensor exists only once
+    TensorFlow is imported, so without it a string, or a list / tuple / array holding one, is
+    all that can be text."""
+    if "tensorflow" in sys.modules:
+        from kzoo.tokenizers import packing
+
+        return packing.is_text(x)
+    if isinstance(x, (str, bytes)):
+        return True
+    if isinstance(x, (list, tuple, np.ndarray)):
+        return any(isinstance(item, (str, bytes)) for item in np.asarray(x, object).reshape(-1))
+    return False
 
 
 def warmup_then_decay(learning_rate, warmup_steps=0, decay_steps=None):
@@ -95,7 +113,12 @@ class Task(MultiWorkerTrainerMixin, keras.Model):
     @classmethod
     def from_preset(cls, preset, **kwargs):
         """Builds the task on `backbone_cls.from_preset(preset)`; `kwargs` go
-        to the task's constructor (e.g. `num_classes`)."""
+        to the task's constructor (e.g. `num_classes`).
+
+        From a Hugging Face folder or a GGUF file the task also gets the checkpoint's
+        tokenizer, which needs keras-hub and TensorFlow; `tokenizer=None` loads the weights
+        alone (e.g. under JAX without TensorFlow installed: the model then takes token ids).
+        """
         return presets.from_preset(cls, preset, **kwargs)
 
     def default_metrics(self):
@@ -239,11 +262,11 @@ class Task(MultiWorkerTrainerMixin, keras.Model):
         checked first (also in `fit` and `evaluate`): they must be integers in the
         vocabulary, and there must be rows. Out of the vocabulary, compiled code (XLA)
         would give NaN rows rather than an error."""
-        from kzoo.tokenizers import packing
-
-        if not packing.is_text(x):
+        if not is_text(x):
             self._check_host_inputs(x, "predict")
             return super().predict(x, *args, **kwargs)
+        from kzoo.tokenizers import packing  # TensorFlow ops: only for text
+
         packing.check_text(x, "x")
         outputs = super().predict({k: v.numpy() for k, v in self.preprocess(x).items()}, *args, **kwargs)
         return self.predictions_from_outputs(outputs)

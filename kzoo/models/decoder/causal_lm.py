@@ -6,6 +6,7 @@ from kzoo.models.decoder.decoder_backbone import DecoderBackbone
 from kzoo.models.decoder.decoder_backbone import decoder_initializer
 from kzoo.models.perplexity import Perplexity
 from kzoo.models.task import Task
+from kzoo.models.task import is_text
 from kzoo.models.tied_logits import TiedLogits
 
 
@@ -190,9 +191,9 @@ class CausalLM(Task):
         >>> [len(row) for row in lm.generate([[72, 105], [84]], max_new_tokens=5)]  # up to 2 + 5 tokens
         [7, 7]
         """
-        from kzoo.tokenizers import packing  # TensorFlow ops
+        if is_text(prompts):
+            from kzoo.tokenizers import packing  # TensorFlow ops: only for text
 
-        if packing.is_text(prompts):
             packing.check_text(prompts, "prompts")
             if self.tokenizer is None:
                 raise ValueError(

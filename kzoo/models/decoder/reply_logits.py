@@ -25,7 +25,6 @@ Example:
 
 import keras
 import numpy as np
-import tensorflow as tf
 from keras import ops
 
 from kzoo.models.task import Task
@@ -158,6 +157,7 @@ def reply_batches(examples, batch_size, bucket_boundaries=None, shuffle=False, s
                 f"{len(prompt)} and {len(reply)} tokens."
             )
     sequences = [prompt + reply for prompt, reply in examples]
+    import tensorflow as tf  # tf.data: here, so that the model itself runs without TensorFlow
 
     def ragged(rows):
         return tf.RaggedTensor.from_row_lengths(
