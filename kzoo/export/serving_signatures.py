@@ -270,7 +270,10 @@ def _ids_spec(name, batch=None, length=None):
 
 
 def _signature_functions(model, task, names, cache_length):
-    """`{name: tf.function}` for every signature of `model` (see `ServingSignatures`)."""
+    """`{name: tf.function}` for every signature of `model` (see `ServingSignatures`).
+
+    The model's functions are traced without AutoGraph: kzoo's layers are `keras.ops` code
+    that also runs under `jax.jit`, and the same graph traces in about half the time."""
 
     def heads(logits):
         if task == "classifier":
@@ -282,7 +285,7 @@ def _signature_functions(model, task, names, cache_length):
     def serving(batch):
         specs = [_ids_spec(name, batch) for name in names]
 
-        @tf.function(input_signature=specs)
+        @tf.function(input_signature=specs, autograph=False)
         def serving_default(*inputs):
             return heads(call_model(model, names, dict(zip(names, inputs))))
 
@@ -310,7 +313,7 @@ def _generation_functions(model, names, cache_length):
     sampler = GreedySampler()
     stop_spec = tf.TensorSpec([None], tf.int32, name="stop_token_ids")
 
-    @tf.function(input_signature=[*(_ids_spec(name) for name in names), stop_spec])
+    @tf.function(input_signature=[*(_ids_spec(name) for name in names), stop_spec], autograph=False)
     def generate(*inputs):
         *inputs, stop_token_ids = inputs
         token_ids, prompt_mask, context = model.split_generation_inputs(dict(zip(names, inputs)))
@@ -326,7 +329,7 @@ def _generation_functions(model, names, cache_length):
     prompt_name, context_names = _prompt_and_context_names(model, names)
     prefill_names = [*context_names, prompt_name]
 
-    @tf.function(input_signature=[_ids_spec(name, 1) for name in prefill_names])
+    @tf.function(input_signature=[_ids_spec(name, 1) for name in prefill_names], autograph=False)
     def prefill(*inputs):
         *context, prompt = inputs
         logits, state = model.prefill(prompt, cache_length, last_only=True, **dict(zip(context_names, context)))
@@ -335,7 +338,7 @@ def _generation_functions(model, names, cache_length):
     specs = state_specs(prefill)
     fixed_specs = [_ids_spec("token_ids", 1, 1), tf.TensorSpec([], tf.int32, name="cache_index")]
 
-    @tf.function(input_signature=[*fixed_specs, *specs])
+    @tf.function(input_signature=[*fixed_specs, *specs], autograph=False)
     def decode(token_ids, cache_index, *state):
         state = {spec.name: tensor for spec, tensor in zip(specs, state)}
         logits, new_state = model.decode(token_ids, state, cache_index)

@@ -63,6 +63,7 @@ def test_keras_backend_is_read_as_keras_reads_it_before_keras_is_imported(tmp_pa
     assert keras_backend({**home, "KERAS_BACKEND": ""}) == "torch"
 
 
+@pytest.mark.e2e  # a fresh process under JAX, about a minute on 2 cores
 def test_a_hugging_face_decoder_loads_runs_and_generates_under_jax_without_tensorflow(tmp_path):
     folder, out = tmp_path / "qwen2", tmp_path / "out.npz"
     reference = hf_folders.write_decoder(folder, "qwen2")

@@ -83,7 +83,9 @@ class RuntimeSignatures:
         self.spans = attention_spans(cache_length, spans)
         self.tied_embeddings = any(isinstance(layer, TiedLogits) for layer in model.layers)
         prefill = tf.function(
-            lambda tokens: model.prefill(tokens, cache_length)[1], input_signature=[tf.TensorSpec([1, None], tf.int32)]
+            lambda tokens: model.prefill(tokens, cache_length)[1],
+            input_signature=[tf.TensorSpec([1, None], tf.int32)],
+            autograph=False,
         )
         names, specs = [], []
         for spec in state_specs(prefill):
@@ -160,7 +162,7 @@ def _prefill(model, length, cache_length, names, cache_specs):
 
     prefill.__name__ = f"prefill_{length}"  # the signature's name in the TFLite file
     specs = [tf.TensorSpec([1, length], tf.int32, name="tokens"), tf.TensorSpec([length], tf.int32, name="input_pos")]
-    return tf.function(prefill, input_signature=[*specs, *cache_specs])
+    return tf.function(prefill, input_signature=[*specs, *cache_specs], autograph=False)
 
 
 def _decode(model, names, cache_specs):
@@ -171,7 +173,7 @@ def _decode(model, names, cache_specs):
     # then makes every shape static again.
     step_specs = [tf.TensorSpec([1, None], tf.int32), tf.TensorSpec([], tf.int32), *cache_specs]
 
-    @tf.function(input_signature=step_specs)
+    @tf.function(input_signature=step_specs, autograph=False)
     def step(tokens, index, *cache):
         return _step(model, tokens, index, names, cache)
 
@@ -180,4 +182,4 @@ def _decode(model, names, cache_specs):
         return {"logits": tf.ensure_shape(logits, [1, 1, logits.shape[-1]]), **cache}  # (1, 1, V)
 
     specs = [tf.TensorSpec([1, 1], tf.int32, name="tokens"), tf.TensorSpec([1], tf.int32, name="input_pos")]
-    return tf.function(decode, input_signature=[*specs, *cache_specs])
+    return tf.function(decode, input_signature=[*specs, *cache_specs], autograph=False)
