@@ -4,8 +4,9 @@
 else that outlives the import: under Keras' TensorFlow backend TensorFlow is imported first and
 quietly (`kzoo.logs`); under JAX or PyTorch kzoo imports no TensorFlow (only its data, training
 and export modules need it). XLA's options are added where kzoo compiles
-(`kzoo.config.add_xla_flags`), and only scripts that ask for it (`kzoo.logs.quiet`) drop what C++
-code writes as the process exits.
+(`kzoo.config.add_xla_flags`); XLA's compiled code is kept between processes only where
+`KZOO_COMPILATION_CACHE` names a folder (`kzoo.config.compilation_cache`); and only scripts that
+ask for it (`kzoo.logs.quiet`) drop what C++ code writes as the process exits.
 """
 
 __version__ = "0.1.0"
@@ -17,6 +18,7 @@ from kzoo import logs
 # another backend the layers, models and Hugging Face loader run without TensorFlow installed.
 if config.keras_backend() == "tensorflow":
     logs.import_tensorflow()
+    config.use_compilation_cache()  # where KZOO_COMPILATION_CACHE names a folder
 
 from kzoo import layers  # noqa: E402
 from kzoo import models  # noqa: E402

@@ -10,8 +10,10 @@ always when fused training is off, the plain one runs. Both compute the same
 values and gradients.
 """
 
+import hashlib
 import json
 import os
+import platform
 import sys
 
 _fused_training = True
@@ -45,6 +47,71 @@ def add_xla_flags(environ=os.environ):
     named = {flag.split("=")[0].lstrip("-") for flag in flags}
     flags += [f"--{name}={value}" for name, value in XLA_FLAGS.items() if name not in named]
     environ["XLA_FLAGS"] = " ".join(flags)
+
+
+# Where XLA's compiled executables are kept between processes: off unless this names a folder.
+COMPILATION_CACHE_VARIABLE = "KZOO_COMPILATION_CACHE"
+_CACHE_FLAG = "tf_xla_persistent_cache_directory"
+
+
+def compilation_cache(environ=os.environ, tensorflow_version=None, cpu_features=None):
+    """The folder of XLA's persistent compilation cache that kzoo uses, or None (the default).
+
+    Compiling a generation loop with XLA is a large part of a fresh process's first reply. With
+    `KZOO_COMPILATION_CACHE` naming a folder, TensorFlow keeps each compiled executable there
+    (its `--tf_xla_persistent_cache_directory`, set by `use_compilation_cache`), and a later
+    process running the same function at the same shapes loads it instead of compiling it again
+    (tracing and lowering to XLA still run). The executables go to a subfolder named for the
+    TensorFlow version and a digest of the CPU's features: an executable is machine code for one
+    CPU, and one compiled elsewhere (AVX-512 code on an AVX2 host) or by another TensorFlow is
+    never read.
+
+    Args:
+        environ: where `KZOO_COMPILATION_CACHE` is read.
+        tensorflow_version, cpu_features: None for this process's TensorFlow and this host's
+            CPU features (the `flags` of /proc/cpuinfo); given, for another's.
+
+    Example:
+    >>> compilation_cache({"KZOO_COMPILATION_CACHE": "/tmp/xla"}, "2.21.0", ["avx2", "fma"])
+    '/tmp/xla/tensorflow-2.21.0-cpu-340a4556249e'
+    >>> compilation_cache({}) is None
+    True
+    """
+    root = environ.get(COMPILATION_CACHE_VARIABLE)
+    if not root:
+        return None
+    if tensorflow_version is None:
+        import tensorflow as tf
+
+        tensorflow_version = tf.__version__
+    if cpu_features is None:
+        cpu_features = _cpu_features()
+    digest = hashlib.sha256(" ".join(sorted(set(cpu_features))).encode()).hexdigest()[:12]
+    return os.path.join(os.path.expanduser(root), f"tensorflow-{tensorflow_version}-cpu-{digest}")
+
+
+def use_compilation_cache(environ=os.environ):
+    """Adds `compilation_cache()`'s folder to `TF_XLA_FLAGS` when `KZOO_COMPILATION_CACHE` is set
+    and `TF_XLA_FLAGS` names no cache folder of its own. `import kzoo` calls it: TensorFlow reads
+    `TF_XLA_FLAGS` once, when the process runs its first function, so a process that ran one
+    before `import kzoo` keeps no cache (generation is as correct, only compiled again)."""
+    folder = compilation_cache(environ)
+    flags = environ.get("TF_XLA_FLAGS", "").split()
+    if folder is None or any(flag.lstrip("-").startswith(_CACHE_FLAG) for flag in flags):
+        return
+    environ["TF_XLA_FLAGS"] = " ".join([*flags, f"--{_CACHE_FLAG}={folder}"])
+
+
+def _cpu_features():
+    """The host CPU's feature flags (Linux's /proc/cpuinfo), else its processor name."""
+    try:
+        with open("/proc/cpuinfo") as file:
+            for line in file:
+                if line.startswith(("flags", "Features")):
+                    return line.split(":", 1)[1].split()
+    except OSError:
+        pass
+    return [platform.processor() or platform.machine()]
 
 
 def keras_backend(environ=os.environ):

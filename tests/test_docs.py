@@ -41,6 +41,7 @@ DOCTEST_MODULES = [
     "kzoo._compat",
     "kzoo._moved",
     "kzoo.checkpoints",
+    "kzoo.checkpoints.arrays",
     "kzoo.checkpoints.errors",
     "kzoo.checkpoints.families",
     "kzoo.checkpoints.fetch",
