@@ -125,6 +125,8 @@ def transformers_path(name):
 
 
 def main():
+    import kzoo  # noqa: F401  (TensorFlow imported quietly, before the record's environment imports Keras)
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", default=[SMOLLM2], help=f"{SMOLLM2} or models of kzoo.checkpoints.fetch")
     parser.add_argument("--rounds", type=int, default=1)
