@@ -5,6 +5,9 @@ Each raises `ValueError` naming the argument, the allowed range and the value.
 
 import math
 import numbers
+import sys
+
+import numpy as np
 
 
 def check_positive_int(name, value):
@@ -69,3 +72,16 @@ def clone_initializer(initializer):
     when the instance is made, so one instance shared by several sublayers
     would give them identical weights."""
     return initializer.__class__.from_config(initializer.get_config())
+
+
+def is_text(x):
+    """Whether `x` is meant as text: a string, a list / tuple / array holding one, or a string
+    tensor (`kzoo.tokenizers.packing.check_text` then says whether it is good text). Asked
+    without importing TensorFlow, which token ids under JAX or PyTorch may not have: a string
+    tensor exists only once TensorFlow is imported."""
+    if isinstance(x, (str, bytes)):
+        return True
+    if isinstance(x, (list, tuple, np.ndarray)):
+        return any(isinstance(item, (str, bytes)) for item in np.asarray(x, object).reshape(-1))
+    tf = sys.modules.get("tensorflow")
+    return tf is not None and isinstance(x, tf.Tensor) and x.dtype == tf.string

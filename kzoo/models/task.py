@@ -1,5 +1,4 @@
 import re
-import sys
 import warnings
 
 import keras
@@ -13,23 +12,7 @@ from kzoo.models.backbone import from_constructor_config
 from kzoo.models.backbone import frozen_heap
 from kzoo.models.cross_entropy import TokenCrossEntropy
 from kzoo.models.generation import check_token_ids
-
-
-def is_text(x):
-    """Whether `x` is meant as text (`kzoo.tokenizers.packing.is_text`), asked without importing
-    TensorFlow where it is not imported yet: `packing` imports it, and token ids go to a model
-    under JAX or PyTorch where TensorFlow may not be installed. A string tensor exists only once
-    TensorFlow is imported, so without it a string, or a list / tuple / array holding one, is
-    all that can be text."""
-    if "tensorflow" in sys.modules:
-        from kzoo.tokenizers import packing
-
-        return packing.is_text(x)
-    if isinstance(x, (str, bytes)):
-        return True
-    if isinstance(x, (list, tuple, np.ndarray)):
-        return any(isinstance(item, (str, bytes)) for item in np.asarray(x, object).reshape(-1))
-    return False
+from kzoo.validation import is_text
 
 
 def warmup_then_decay(learning_rate, warmup_steps=0, decay_steps=None):

@@ -7,6 +7,8 @@ One packing serves `Task.preprocess` (and so `predict` on strings) and the text 
 import numpy as np
 import tensorflow as tf
 
+from kzoo.validation import is_text  # noqa: F401  (kzoo.tokenizers.packing.is_text, as before)
+
 # Where a tokenizer has no `<name>_id` attribute (kzoo's WordPiece vocabularies, keras-hub's
 # plain WordPieceTokenizer), these tokens name the special ids.
 _SPECIAL_TOKENS = {
@@ -17,16 +19,6 @@ _SPECIAL_TOKENS = {
     "bos_token": "[BOS]",
     "eos_token": "[EOS]",
 }
-
-
-def is_text(x):
-    """Whether `x` is meant as text: a string, a list / tuple / array holding one, or a string
-    tensor (`check_text` then says whether it is good text)."""
-    if isinstance(x, (str, bytes)):
-        return True
-    if isinstance(x, (list, tuple, np.ndarray)):
-        return any(isinstance(item, (str, bytes)) for item in np.asarray(x, object).reshape(-1))
-    return isinstance(x, tf.Tensor) and x.dtype == tf.string
 
 
 def check_text(x, name):

@@ -6,8 +6,8 @@ from kzoo.models.decoder.decoder_backbone import DecoderBackbone
 from kzoo.models.decoder.decoder_backbone import decoder_initializer
 from kzoo.models.perplexity import Perplexity
 from kzoo.models.task import Task
-from kzoo.models.task import is_text
 from kzoo.models.tied_logits import TiedLogits
+from kzoo.validation import is_text
 
 
 @keras.saving.register_keras_serializable(package="kzoo")
