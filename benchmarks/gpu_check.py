@@ -32,21 +32,15 @@ import transformers  # noqa: E402
 
 import kzoo  # noqa: E402
 from kzoo.checkpoints.families import FAMILIES  # noqa: E402
+from kzoo.checkpoints.families import TINY_BASE  # noqa: E402
 
 # Three families whose records differ where a port goes wrong: Llama 3's RoPE scaling and biases,
 # Qwen2's sliding window on some layers, Gemma 2's soft caps, query scale and sandwich norms.
 CHECKED = ("llama", "qwen2", "gemma2")
-# The tiny checkpoints' sizes; each family's own fields are its record's `tiny.hf` (windows of 4,
-# RoPE scaling from 8 positions), so every difference acts within the prompt and the 16 tokens.
-SIZES = dict(
-    vocab_size=300,
-    hidden_size=32,
-    intermediate_size=48,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
-)
+# The tiny checkpoints' sizes (the test suites'); each family's own fields are its record's `tiny.hf`
+# (windows of 4, RoPE scaling from 8 positions), so every difference acts within the prompt and the
+# 16 tokens.
+SIZES = TINY_BASE
 NEW_TOKENS = 16
 # float32 on both sides, with full-precision matrix products (below): what is left is the order
 # of summation, well under this.

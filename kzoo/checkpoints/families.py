@@ -49,13 +49,26 @@ class GGUFLayout:
     reads_back_as: str | None = None
 
 
+# The sizes every tiny model starts from (`Tiny.hf` adds each family's own fields): a test's size, with
+# grouped KV heads (4 query heads sharing 2).
+TINY_BASE = dict(
+    vocab_size=300,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class Tiny:
     """A tiny random model of the family, as the test suites build it.
 
     Attributes:
         config: the `transformers` config class ("LlamaConfig").
-        hf: its fields over the suites' base sizes, so that every setting that makes the family
+        hf: its fields over `TINY_BASE`, so that every setting that makes the family
             acts within a dozen tokens (windows of 4, llama3 scaling from 8 positions).
         variants: more checkpoints of the family, `{suffix: fields}` over the base sizes alone
             ("tied": a Llama with tied embeddings and nothing else of `hf`).

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kzoo.checkpoints.families import TINY_BASE
 from kzoo.checkpoints.families import text_families
 
 # A small WordPiece vocabulary: BERT's special tokens, some words, pieces and characters.
@@ -117,15 +118,7 @@ def random_batch(vocabulary_size, batch=3, length=12, seed=0, segments=True):
 
 # The sizes of the tiny random decoders; each family's own fields are its record's `tiny.hf`,
 # small enough that every setting that distinguishes a family acts within a dozen tokens.
-DECODER_BASE = dict(
-    vocab_size=300,
-    hidden_size=32,
-    intermediate_size=48,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
-)
+DECODER_BASE = TINY_BASE
 # name -> (transformers config class, causal LM class, config fields): every family kzoo writes,
 # as its record's tiny model (`Family.tiny`), and each of its variants as "<model_type>_<suffix>".
 DECODERS = {
