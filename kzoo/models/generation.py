@@ -163,7 +163,7 @@ def compile_function(fn, jit_compile):
     import tensorflow as tf
 
     # kzoo's layers are `keras.ops` code that also runs under `jax.jit`, so they need no
-    # AutoGraph: without it the same graph traces in about half the time.
+    # AutoGraph: converting them yields the same graph, only later (BENCHMARKS.md).
     return tf.function(fn, jit_compile=jit_compile, autograph=False)
 
 
