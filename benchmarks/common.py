@@ -48,12 +48,9 @@ def median_time(fn, repeats):
 
 def cpu_flags():
     """The host's vector and matrix extensions (AVX2, AVX-512 ..., AMX), which decide its speed."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            words = set(f.read().split())
-    except OSError:
-        return []
-    return sorted(w for w in words if w.startswith(("avx2", "avx512", "amx")))
+    from kzoo.config import host_cpu_features
+
+    return sorted(flag for flag in set(host_cpu_features()) if flag.startswith(("avx2", "avx512", "amx")))
 
 
 def environment():

@@ -85,7 +85,7 @@ def compilation_cache(environ=os.environ, tensorflow_version=None, cpu_features=
 
         tensorflow_version = tf.__version__
     if cpu_features is None:
-        cpu_features = _cpu_features()
+        cpu_features = host_cpu_features()
     digest = hashlib.sha256(" ".join(sorted(set(cpu_features))).encode()).hexdigest()[:12]
     return os.path.join(os.path.expanduser(root), f"tensorflow-{tensorflow_version}-cpu-{digest}")
 
@@ -102,8 +102,8 @@ def use_compilation_cache(environ=os.environ):
     environ["TF_XLA_FLAGS"] = " ".join([*flags, f"--{_CACHE_FLAG}={folder}"])
 
 
-def _cpu_features():
-    """The host CPU's feature flags (Linux's /proc/cpuinfo), else its processor name."""
+def host_cpu_features():
+    """This host CPU's feature flags (the `flags` of Linux's /proc/cpuinfo), else its processor name."""
     try:
         with open("/proc/cpuinfo") as file:
             for line in file:

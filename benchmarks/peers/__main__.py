@@ -32,6 +32,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from benchmarks import peers  # noqa: E402
 from benchmarks.common import bandwidth_meter  # noqa: E402
+from benchmarks.common import cpu_flags  # noqa: E402
 from benchmarks.common import report  # noqa: E402
 from benchmarks.common import wait_for_quiet  # noqa: E402
 
@@ -39,12 +40,6 @@ CHAT = "What is the capital of France? Answer in one sentence."
 PROMPT_TOKENS, NEW_TOKENS = 256, 128
 # The slots written at the mean position of the timed decode steps.
 FILLED_SLOTS = PROMPT_TOKENS + NEW_TOKENS // 2
-
-
-def cpu_flags():
-    """The host's AVX2 / AVX-512 / AMX flags, as `/proc/cpuinfo` lists them."""
-    flags = Path("/proc/cpuinfo").read_text().split("flags", 2)[1].split("\n", 1)[0].split()
-    return sorted(flag for flag in set(flags) if flag == "avx2" or flag.startswith(("avx512", "amx")))
 
 
 def smollm2_gguf():
