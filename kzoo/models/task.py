@@ -185,6 +185,12 @@ class Task(MultiWorkerTrainerMixin, keras.Model):
 
     def fit(self, x=None, *args, **kwargs):
         self._check_host_inputs(x, "fit")
+        if self.built and self.optimizer is not None and not self.optimizer.built:
+            # Keras' TensorFlow trainer (without a distribution strategy) leaves the optimizer to
+            # be built inside the first trace of the train step, and a `tf.function` that creates
+            # variables is traced twice: building it here, as Keras itself does under a strategy,
+            # saves a whole second trace of the train step.
+            self.optimizer.build(self.trainable_variables)
         return super().fit(x, *args, **kwargs)
 
     def evaluate(self, x=None, *args, **kwargs):

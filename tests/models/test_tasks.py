@@ -39,10 +39,15 @@ def test_overfits_a_tiny_batch(name):
     model.compile(learning_rate=1e-2, warmup_steps=5)
     before = _loss(model, x, y, sample_weight)
     batch = (x, y) if sample_weight is None else (x, y, sample_weight)
+    traces = []
+    train_step = model.train_step
+    model.train_step = lambda data: traces.append(data) or train_step(data)
     # One epoch of 60 steps: a dataset, so that fit sets up only once.
     model.fit(tf.data.Dataset.from_tensors(batch).repeat(60), verbose=0)
     after = _loss(model, x, y, sample_weight)
     assert after <= 0.1 * before, (before, after)
+    # Traced once: not a second time because the optimizer made its variables in the first.
+    assert len(traces) == 1
 
 
 # The [CLS] pooler only serves sentence-level heads.
