@@ -246,6 +246,28 @@ class MultiWorkerTrainerMixin:
         return super()._make_function(step_with_replica_axis)
 
 
+class OptimizerBuiltBeforeTracing:
+    """Builds the optimizer before the TensorFlow trainer traces the train step, which is then traced once.
+
+    Without a distribution strategy, Keras 3's `TensorFlowTrainer._maybe_symbolic_build` builds
+    nothing ("defer building to when the train/test/predict function gets traced"), so the
+    optimizer makes its slot variables inside the first trace of the train step, and a
+    `tf.function` that creates variables on its first call is traced a second time: every `fit`
+    starts with two traces of the whole train step. Under a strategy the trainer builds the
+    optimizer before tracing; this mixin does the same without one.
+
+    Private API: it overrides the trainer's `_maybe_symbolic_build` and reads
+    `_distribute_strategy`. No upstream issue filed. Remove it when Keras builds the optimizer
+    before tracing (the trace count asserted by the overfit tests in tests/models/test_tasks.py
+    tells). Checked with Keras 3.15.1.
+    """
+
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        if self._distribute_strategy is None and self.built and self.optimizer and not self.optimizer.built:
+            self.optimizer.build(self.trainable_variables)
+        return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
+
+
 def in_xla_context():
     """Whether TensorFlow is tracing a function that it compiles whole with XLA (`jit_compile`).
 

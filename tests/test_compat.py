@@ -292,6 +292,25 @@ def test_multi_worker_trainer_mixin_hooks():
     assert "_distribute_strategy" in vars(keras.Model()), "_compat.MultiWorkerTrainerMixin: no _distribute_strategy"
 
 
+@pytest.mark.parametrize("mixin", [True, False])
+def test_optimizer_built_before_tracing(mixin):
+    traces = []
+
+    class Counting(*((_compat.OptimizerBuiltBeforeTracing,) if mixin else ()), keras.Model):
+        def train_step(self, data):
+            traces.append(data)
+            return super().train_step(data)
+
+    inputs = keras.Input((2,))
+    model = Counting(inputs, keras.layers.Dense(1)(inputs))
+    model.compile(optimizer="adam", loss="mse", jit_compile=False)
+    model.fit(np.ones((4, 2)), np.ones((4, 1)), epochs=2, verbose=0)
+    if mixin:
+        assert len(traces) == 1, f"_compat.OptimizerBuiltBeforeTracing: the train step traced {len(traces)} times"
+    else:  # Keras' own trainer: once it traces once, the mixin can go.
+        assert len(traces) == 2, "_compat.OptimizerBuiltBeforeTracing: Keras traces the train step once now"
+
+
 def test_in_multi_worker_mode():
     assert not _compat.in_multi_worker_mode(tf.distribute.get_strategy()), "_compat.in_multi_worker_mode"
 

@@ -5,6 +5,7 @@ import keras
 import numpy as np
 
 from kzoo._compat import MultiWorkerTrainerMixin
+from kzoo._compat import OptimizerBuiltBeforeTracing
 from kzoo.checkpoints.hf import save as hf_save
 from kzoo.models import presets
 from kzoo.models.backbone import add_quantization_config
@@ -45,7 +46,7 @@ NO_WEIGHT_DECAY = ("bias", "gamma", "beta")
 
 
 @keras.saving.register_keras_serializable(package="kzoo")
-class Task(MultiWorkerTrainerMixin, keras.Model):
+class Task(OptimizerBuiltBeforeTracing, MultiWorkerTrainerMixin, keras.Model):
     """Base class of kzoo task models: a backbone plus a head, with training defaults.
 
     A task is a functional `keras.Model` built in its subclass's `__init__`
@@ -185,12 +186,6 @@ class Task(MultiWorkerTrainerMixin, keras.Model):
 
     def fit(self, x=None, *args, **kwargs):
         self._check_host_inputs(x, "fit")
-        if self.built and self.optimizer is not None and not self.optimizer.built:
-            # Keras' TensorFlow trainer (without a distribution strategy) leaves the optimizer to
-            # be built inside the first trace of the train step, and a `tf.function` that creates
-            # variables is traced twice: building it here, as Keras itself does under a strategy,
-            # saves a whole second trace of the train step.
-            self.optimizer.build(self.trainable_variables)
         return super().fit(x, *args, **kwargs)
 
     def evaluate(self, x=None, *args, **kwargs):
