@@ -66,7 +66,15 @@ class Quality:
 
     def add(self, logits, targets, sample_weight=None, reference_argmax=None):
         """Adds a batch: `logits` `(..., C)`, int `targets` `(...)`, its weights, and the
-        reference's argmax `(...)` for `top1_agreement` (given with every batch or none)."""
+        reference's argmax `(...)` for `top1_agreement` (given with every batch or none).
+
+        Rows of a batch `(N, T, C)` are measured one at a time: the float64 copies of a whole
+        batch's logits and their exponentials are gigabytes at a real vocabulary."""
+        if np.ndim(logits) > 2:
+            for i in range(len(logits)):
+                row = (None if values is None else values[i] for values in (sample_weight, reference_argmax))
+                self.add(logits[i], targets[i], *row)
+            return
         logits = np.asarray(logits, np.float64)
         weights = np.ones(targets.shape) if sample_weight is None else np.asarray(sample_weight, np.float64)
         top = logits.max(-1)
