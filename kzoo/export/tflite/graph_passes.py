@@ -49,7 +49,7 @@ def shared_subgraphs(flatbuffer):
                     setattr(options, name, _renumbered(value, renumber))
     for signature in model.signatureDefs or []:
         signature.subgraphIndex = renumber[signature.subgraphIndex]
-    return bytes(flatbuffer_utils.convert_object_to_bytearray(model))
+    return _packed(model, len(flatbuffer))
 
 
 def _subgraph_fields(options):
@@ -111,7 +111,7 @@ def with_metadata(flatbuffer, name, data):
     entry.name = name
     entry.buffer = len(model.buffers) - 1
     model.metadata = [*(model.metadata or []), entry]
-    return bytes(flatbuffer_utils.convert_object_to_bytearray(model))
+    return _packed(model, len(flatbuffer) + len(data))
 
 
 def embedding_lookups(flatbuffer):
@@ -145,9 +145,17 @@ def embedding_lookups(flatbuffer):
                 op.opcodeIndex = len(model.operatorCodes) - 1
                 op.inputs = [op.inputs[1], op.inputs[0]]  # EMBEDDING_LOOKUP(ids, table)
                 op.builtinOptionsType, op.builtinOptions = schema.BuiltinOptions.NONE, None
-    builder = flatbuffers.Builder(len(flatbuffer) + 1024)
+    return _packed(model, len(flatbuffer))
+
+
+def _packed(model, size):
+    """`model` (a `schema.ModelT`) packed into flatbuffer bytes, in a builder made `size` bytes
+    (about the file's) and a little more, and copied out once. A flatbuffers builder that runs out
+    of room doubles, holding its old bytes beside the new, and `Builder.Output` is a copy: from a
+    small builder, the bytes of a model's weights were held up to four times over."""
+    builder = flatbuffers.Builder(size + (1 << 20))
     builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
-    return bytes(builder.Output())
+    return bytes(memoryview(builder.Bytes)[builder.Head() :])
 
 
 def op_census(flatbuffer):
