@@ -18,6 +18,26 @@ from kzoo.validation import check_rate
 from kzoo.validation import clone_initializer
 
 
+class MaskAndBias:
+    """What a `MultiHeadAttention` call attends with, from `compute_mask_and_bias`: a boolean
+    mask or an additive float32 bias (either may be None).
+
+    An object of its own rather than a tuple, because `Layer.__call__` casts the floating
+    tensors among a call's arguments, nested ones too, to the layer's compute dtype (bfloat16
+    under "mixed_bfloat16"), where the bias must stay float32; other objects it passes as
+    they are.
+
+    Attributes:
+        mask: None or a boolean tensor `(B or 1, 1, g * T_q, T_k)`.
+        bias: None or a float32 tensor of that shape.
+    """
+
+    __slots__ = ("mask", "bias")
+
+    def __init__(self, mask, bias):
+        self.mask, self.bias = mask, bias
+
+
 @keras.saving.register_keras_serializable(package="kzoo")
 class MultiHeadAttention(keras.layers.Layer):
     """Multi-head attention with grouped key/value heads and a KV cache.
@@ -55,6 +75,12 @@ class MultiHeadAttention(keras.layers.Layer):
     cache mode the padding masks of
     `value`/`key` do not apply; give `attention_mask` over all `S` slots. The
     call then returns `(output, new_cache)`.
+
+    Shared positions and masks: layers whose calls see the same positions and
+    masks (a decoder's blocks) compute them once and pass them in, `rotation`
+    from `rotary_embedding.rotation` and `mask_and_bias` from
+    `compute_mask_and_bias`; a call given them computes neither, and its
+    outputs are the same.
 
     Args:
         num_heads: int, number of query heads h.
@@ -217,11 +243,12 @@ class MultiHeadAttention(keras.layers.Layer):
         parts = ops.split(y, np.cumsum(sizes)[:-1].tolist(), axis=-1)
         return [ops.reshape(part, (ops.shape(x)[0], 1, *kernel.shape[1:])) for part, kernel in zip(parts, kernels)]
 
-    def transform_query_key(self, query, key, start_index):
+    def transform_query_key(self, query, key, start_index, rotation=None):
         """The queries and keys between the projections and the attention; users can override this.
 
         Applies `query_key_norm` (a copy per side, over each head) and then
-        `rotary_embedding` at positions `start_index, start_index + 1, ...`.
+        `rotary_embedding` at positions `start_index, start_index + 1, ...`
+        (its `rotation` there, where given).
 
         Args:
             query: `(B, T_q, num_heads, key_dim)`, or None (`compute_cache`).
@@ -229,6 +256,9 @@ class MultiHeadAttention(keras.layers.Layer):
                 keys come from a precomputed cache.
             start_index: int or scalar int tensor, the position of the first
                 query (and key).
+            rotation: None, or the `Rotation` of `rotary_embedding.rotation` at
+                these positions, for queries and keys `(B, T, heads, key_dim)`
+                (passed only where the call was given one).
 
         Returns:
             `(query, key)`, of the same shapes.
@@ -239,7 +269,7 @@ class MultiHeadAttention(keras.layers.Layer):
             if x is not None and norm is not None:
                 x = norm(x)
             if x is not None and self.rotary_embedding is not None:
-                x = self.rotary_embedding(x, start_index=start_index)
+                x = self.rotary_embedding(x, start_index=start_index, rotation=rotation)
             results.append(x)
         return tuple(results)
 
@@ -266,6 +296,8 @@ class MultiHeadAttention(keras.layers.Layer):
         cache=None,
         cache_index=None,
         training=None,
+        rotation=None,
+        mask_and_bias=None,
     ):
         if query_mask is None:
             query_mask = keras_mask(query)
@@ -281,9 +313,11 @@ class MultiHeadAttention(keras.layers.Layer):
         if cache is not None:
             kv_cache.check(cache, query, cache_index, self.num_key_value_heads, self.key_dim, self.value_dim)
         start_index = 0 if cache_index is None else cache_index
+        # Passed only where given, so that an override of `transform_query_key` without it still serves other calls.
+        rotate = {} if rotation is None else {"rotation": rotation}
         if cache is not None and cache_index is None:  # precomputed keys/values
             (q,) = self._project(query, self.query_dense)
-            q, _ = self.transform_query_key(q, None, start_index)
+            q, _ = self.transform_query_key(q, None, start_index, **rotate)
             q, (k, v) = _head_major(q), cache
         else:
             if key is value and value is query:  # self-attention: one matmul
@@ -295,35 +329,26 @@ class MultiHeadAttention(keras.layers.Layer):
                 (q,) = self._project(query, self.query_dense)
                 (k,) = self._project(key, self.key_dense)
                 (v,) = self._project(value, self.value_dense)
-            q, k = self.transform_query_key(q, k, start_index)
+            q, k = self.transform_query_key(q, k, start_index, **rotate)
             q, k, v = _head_major(q), _head_major(k), _head_major(v)
         # q: (B, h, T_q, d_k); k/v: (B, h_kv, T_k, d)
-        if cache is None:
-            key_padding = value_mask if key_mask is None else key_mask
-            key_offset = 0
-        else:
-            if cache_index is not None:
-                cache = kv_cache.write(cache, k, v, cache_index)
-                k, v = cache
-            key_padding = None
-            key_offset = 0 if cache_index is None else cache_index
-
+        if cache is not None and cache_index is not None:
+            cache = kv_cache.write(cache, k, v, cache_index)
+            k, v = cache
         # The mask over every key, made once: a span's branch only slices it (an op inside a
         # branch costs LiteRT more than outside one).
-        mask = merge_masks(
-            query_mask=query_mask,
-            key_mask=key_padding,
-            attention_mask=attention_mask,
-            causal=causal_mask(ops.shape(q)[2], ops.shape(k)[2], key_offset, self.sliding_window)
-            if use_causal_mask
-            else None,
-        )
-        bias = None
-        if use_causal_mask and mask is not None and self._keyed(query_mask, key_padding, attention_mask, cache_index):
-            # As an additive bias, the same weights: float adds, which LiteRT's XNNPack runs,
-            # where the boolean select falls to slower kernels; and no zeroing of key-less rows,
-            # which a causal mask alone never leaves.
-            bias, mask = self._grouped(ops.where(mask, 0.0, MASKED_SCORE), ops.shape(q)[2]), None
+        if mask_and_bias is None:
+            mask_and_bias = self.compute_mask_and_bias(
+                ops.shape(q)[2],
+                ops.shape(k)[2],
+                query_mask=query_mask,
+                key_mask=value_mask if key_mask is None else key_mask,
+                attention_mask=attention_mask,
+                use_causal_mask=use_causal_mask,
+                cache_index=cache_index,
+                cached=cache is not None,
+            )
+        mask, bias = mask_and_bias.mask, mask_and_bias.bias
 
         # Inside `kv_cache.cache_spans`, a causal step over the cache reads only the slots its queries see.
         spans = kv_cache.current_spans()
@@ -367,7 +392,8 @@ class MultiHeadAttention(keras.layers.Layer):
 
         The `g = h / h_kv` query heads of a group are stacked along the query
         axis, `(B, h_kv, g * T_q, d_k)`, so one plain batched matmul per
-        key/value head serves the whole group (a free reshape, no copy).
+        key/value head serves the whole group (a free reshape, no copy); `mask`
+        and `bias` are stacked so (`compute_mask_and_bias`).
         """
         batch, length = ops.shape(q)[0], ops.shape(q)[2]
         groups = self.num_heads // self.num_key_value_heads
@@ -376,7 +402,7 @@ class MultiHeadAttention(keras.layers.Layer):
             q,
             k,
             v,
-            mask=None if mask is None else self._grouped(mask, length),
+            mask=mask,
             bias=bias,
             scale=self.scale,
             soft_cap=self.soft_cap,
@@ -393,6 +419,59 @@ class MultiHeadAttention(keras.layers.Layer):
         if scores is not None:
             scores = ops.reshape(scores, (batch, self.num_heads, length, ops.shape(k)[2]))
         return output, scores
+
+    def compute_mask_and_bias(
+        self,
+        query_length,
+        key_length,
+        query_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        use_causal_mask=False,
+        cache_index=None,
+        cached=False,
+    ):
+        """What a call with these masks attends with: a boolean mask or an additive bias.
+
+        A call computes it from its own masks (see the class docstring); a stack of layers
+        whose calls share their masks computes it once and passes it to every call
+        (`call(..., mask_and_bias=...)`), which then ignores its mask arguments. Both
+        forms have one row per query of each key/value head's group of query heads.
+
+        Args:
+            query_length: int or scalar int tensor, the queries T_q.
+            key_length: int or scalar int tensor, the keys T_k (the cache's
+                slots with a cache).
+            query_mask: None or `(B, T_q)`, the queries' padding mask.
+            key_mask: None or `(B, T_k)`, the keys' padding mask (not read
+                with a cache).
+            attention_mask: None or a mask broadcastable to `(B, T_q, T_k)`.
+            use_causal_mask: bool, as in `call`.
+            cache_index: None or int or scalar int tensor, as in `call`.
+            cached: bool, whether the keys are a KV cache (`call`'s `cache`).
+
+        Returns:
+            A `MaskAndBias`: a boolean `(B or 1, 1, g * T_q, T_k)` mask, or a
+            float32 bias of that shape (0 where a causal mask alone lets a query
+            see a key, `MASKED_SCORE` elsewhere), or neither where nothing is
+            masked.
+        """
+        key_padding = None if cached else key_mask
+        key_offset = 0 if cache_index is None or not cached else cache_index
+        mask = merge_masks(
+            query_mask=query_mask,
+            key_mask=key_padding,
+            attention_mask=attention_mask,
+            causal=causal_mask(query_length, key_length, key_offset, self.sliding_window) if use_causal_mask else None,
+        )
+        if mask is None:
+            return MaskAndBias(None, None)
+        if use_causal_mask and self._keyed(query_mask, key_padding, attention_mask, cache_index):
+            # As an additive bias, the same weights: float adds, which LiteRT's XNNPack runs,
+            # where the boolean select falls to slower kernels; and no zeroing of key-less rows,
+            # which a causal mask alone never leaves.
+            return MaskAndBias(None, self._grouped(ops.where(mask, 0.0, MASKED_SCORE), query_length))
+        return MaskAndBias(self._grouped(mask, query_length), None)
 
     def _grouped(self, mask, length):
         """A `(B, T_q, T_k)` mask as `(B, 1, g * T_q, T_k)`, each query's row repeated for the

@@ -72,6 +72,25 @@ def check_rope_scaling(rope_scaling):
     return {"rope_type": kind, **{field: rope_scaling[field] for field in ROPE_TYPES[kind]}}
 
 
+class Rotation:
+    """The cosines and sines of rotary angles at some positions: what `RotaryEmbedding.rotation`
+    computes and its `call(..., rotation=...)` reads.
+
+    An object of its own rather than a tuple, because `Layer.__call__` casts the floating
+    tensors among a call's arguments, nested ones too, to the layer's compute dtype (bfloat16
+    under "mixed_bfloat16"), where these must stay float32; other objects it passes as they are.
+
+    Attributes:
+        cos: float32 tensor, the cosines, shaped to broadcast against the inputs.
+        sin: float32 tensor of the same shape, the sines.
+    """
+
+    __slots__ = ("cos", "sin")
+
+    def __init__(self, cos, sin):
+        self.cos, self.sin = cos, sin
+
+
 @keras.saving.register_keras_serializable(package="kzoo")
 class RotaryEmbedding(keras.layers.Layer):
     """Rotary position embedding (RoPE), applied to queries or keys.
@@ -100,6 +119,8 @@ class RotaryEmbedding(keras.layers.Layer):
     Call args:
         inputs: tensor `(B, T, ..., d)` with an even `d` (or `rotary_dim`).
         start_index: int or scalar tensor, position of the first row.
+        rotation: None, or the `Rotation` of `rotation` for these positions
+            (then `start_index` is not read).
 
     Example:
     >>> q = keras.random.normal((2, 10, 4, 8))  # (B, T, heads, head_dim)
@@ -135,23 +156,45 @@ class RotaryEmbedding(keras.layers.Layer):
         self.supports_masking = True
         self.built = True
 
-    def call(self, inputs, start_index=0):
-        width = inputs.shape[-1]
+    def rotation(self, length, width, start_index=0, rank=4):
+        """The cosines and sines of the angles at positions `[start_index, start_index + length)`.
+
+        What `call` multiplies the features by, float32 tensors shaped to broadcast against
+        an input of rank `rank` (the positions on `sequence_axis`, the `dim / 2` speeds last).
+        They depend on the positions alone, so a stack of layers computes them once and
+        passes them to every call (`call(..., rotation=...)`): a decoder's queries and keys
+        in every layer.
+
+        Args:
+            length: int or scalar int tensor, the number of positions T.
+            width: int, the last axis of the inputs (the rotated `rotary_dim` of them, or all).
+            start_index: int or scalar int tensor, the first position.
+            rank: int, the rank of the inputs.
+
+        Returns:
+            A `Rotation`, its `cos` and `sin` each of shape `(1, ..., T, ..., 1, dim / 2)`.
+        """
         dim = self.rotary_dim or width
         if width is None or dim % 2 or dim > width:
             raise ValueError(
                 f"The last axis of the input ({width}) must be even and at least `rotary_dim` ({self.rotary_dim})."
             )
-        rank = len(inputs.shape)
-        axis = self.sequence_axis % rank
-        length = ops.shape(inputs)[axis]
         speeds = inverse_frequencies(dim, self.max_wavelength, self.scaling_factor, self.rope_scaling)
         positions = ops.cast(ops.arange(length) + start_index, "float32")
         angles = positions[:, None] * ops.convert_to_tensor(speeds)[None, :]  # (T, dim/2)
         broadcast_shape = [1] * rank
-        broadcast_shape[axis], broadcast_shape[-1] = length, dim // 2
-        cos = ops.reshape(ops.cos(angles), broadcast_shape)
-        sin = ops.reshape(ops.sin(angles), broadcast_shape)
+        broadcast_shape[self.sequence_axis % rank], broadcast_shape[-1] = length, dim // 2
+        return Rotation(ops.reshape(ops.cos(angles), broadcast_shape), ops.reshape(ops.sin(angles), broadcast_shape))
+
+    def call(self, inputs, start_index=0, rotation=None):
+        width = inputs.shape[-1]
+        dim = self.rotary_dim or width
+        if rotation is None:
+            length = ops.shape(inputs)[self.sequence_axis % len(inputs.shape)]
+            rotation = self.rotation(length, width, start_index, len(inputs.shape))
+        elif width is None or dim > width:
+            raise ValueError(f"The last axis of the input ({width}) must be at least `rotary_dim` ({self.rotary_dim}).")
+        cos, sin = rotation.cos, rotation.sin
         x = ops.cast(inputs, "float32")
         rotated, passed = (x, None) if dim == width else (x[..., :dim], x[..., dim:])
         x1, x2 = ops.split(rotated, 2, axis=-1)

@@ -20,6 +20,13 @@ class TransformerDecoderBlock(TransformerBlockBase):
     the decoder tokens, `encoder_padding_mask` / `encoder_attention_mask` (or
     the encoder sequence's Keras mask) for the encoder tokens.
 
+    A stack of blocks computes what their self-attentions share once and
+    passes it to each: `rotation`, the rotary angles' cosines and sines at
+    the tokens' positions (`self_attention.rotary_embedding.rotation`), and
+    `mask_and_bias`, the self-attention's masks merged
+    (`self_attention.compute_mask_and_bias`), which then replaces the
+    decoder tokens' masks there.
+
     Incremental decoding: pass `self_attention_cache`, a `(keys, values)`
     pair of `(B, heads, max_length, head_dim)` tensors (from `empty_cache`), and
     `self_attention_cache_index`, the position of the first token of `x`; the
@@ -100,6 +107,8 @@ class TransformerDecoderBlock(TransformerBlockBase):
         self_attention_cache_index=None,
         cross_attention_cache=None,
         training=None,
+        rotation=None,
+        mask_and_bias=None,
     ):
         decoding = self_attention_cache is not None
         if decoding and self_attention_cache_index is None:
@@ -123,6 +132,8 @@ class TransformerDecoderBlock(TransformerBlockBase):
                 cache=self_attention_cache,
                 cache_index=self_attention_cache_index,
                 training=training,
+                rotation=rotation,
+                mask_and_bias=mask_and_bias,
             )
             return result if decoding else (result, None)
 

@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 
 from kzoo import models
+from kzoo.models import generation
 from tests.models.tiny_models import DECODERS
 from tests.models.tiny_models import LENGTH
 from tests.models.tiny_models import padding_mask
@@ -181,3 +182,50 @@ def test_rope_layers_name_the_layers_without_positions_and_are_checked():
     assert models.DecoderBackbone.from_config(backbone.get_config()).rope_layers == [True, False]
     with pytest.raises(ValueError, match=r"`rope_layers` must list 2 booleans \(one per layer\)"):
         models.DecoderBackbone(**config, max_sequence_length=16, rope_layers=[True])
+
+
+def test_a_traced_forward_computes_rotary_angles_and_masks_once_per_setting_whatever_its_depth():
+    """The blocks share the rotary sines and cosines of each RoPE setting and the mask of each
+    window, computed once per forward (each block's own put L copies of them into the graph
+    that a first reply traces and XLA compiles), and their outputs are each block's own."""
+    config = dict(
+        vocabulary_size=64,
+        num_heads=4,
+        num_key_value_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+        max_sequence_length=16,
+        sliding_window=3,
+        # Gemma 3's: a RoPE base and a window for the sliding layers, others for the full ones.
+        rope_parameters={"sliding_attention": {"rope_theta": 10000.0}, "full_attention": {"rope_theta": 1e6}},
+    )
+    layer_types = ["sliding_attention", "full_attention"] * 2
+    counted = ("Sin", "Cos", "Range", "GreaterEqual", "Greater", "SelectV2")
+
+    def graph_ops(num_layers):
+        keras.utils.set_random_seed(1)
+        backbone = models.DecoderBackbone(**config, num_layers=num_layers, layer_types=layer_types[:num_layers])
+        lm = models.CausalLM(backbone)
+        ids = tf.TensorSpec((2, 8), tf.int32)
+        prefill = tf.function(lambda x: lm.prefill(x, 16), autograph=False).get_concrete_function(ids)
+        caches = generation.cache_state(lm.backbone.empty_cache(2, 16))
+        state = {name: tf.TensorSpec(cache.shape, cache.dtype) for name, cache in caches.items()}
+        step = tf.function(lm.decode, autograph=False).get_concrete_function(
+            tf.TensorSpec((2, 1), tf.int32), state, tf.TensorSpec((), tf.int32)
+        )
+        ops = [[op.type for op in fn.graph.get_operations()] for fn in (prefill, step)]
+        return lm, [{name: types.count(name) for name in counted} for types in ops]
+
+    _, shallow = graph_ops(2)
+    lm, deep = graph_ops(4)
+    assert deep == shallow
+    assert deep[0]["Sin"] == deep[0]["Cos"] == 2  # one per RoPE setting
+
+    rng = np.random.default_rng(5)
+    ids, mask = token_ids(rng, batch=2, length=9), np.array([[1] * 9, [1] * 6 + [0] * 3])
+    # Under mixed precision too, where a call's floating arguments are cast (the angles must not be).
+    mixed = models.DecoderBackbone(**config, num_layers=2, layer_types=layer_types[:2], dtype="mixed_bfloat16")
+    for backbone in (lm.backbone, mixed):
+        per_block = backbone(inputs(ids, mask))  # the functional model: each block computes its own
+        shared = backbone.decode(ids, padding_mask=mask)
+        np.testing.assert_array_equal(np.asarray(shared)[mask == 1], np.asarray(per_block)[mask == 1])

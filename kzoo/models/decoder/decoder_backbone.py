@@ -1,5 +1,7 @@
 import keras
+from keras import ops
 
+from kzoo._compat import keras_mask
 from kzoo.layers import FeedForward
 from kzoo.layers import GatedFeedForward
 from kzoo.layers import LayerNormalization
@@ -306,15 +308,69 @@ class DecoderBackbone(Backbone):
             cache_index: int or scalar int tensor, position of the first token.
         """
         x = self.embedding_dropout(self.embedding(token_ids, start_index=cache_index))  # (B, T, d)
+        shared = self._shared_attention_inputs(x, padding_mask, caches, cache_index)
         if caches is None:
-            for block in self.transformer_blocks:
-                x = block(x, padding_mask=padding_mask)
+            for block, (rotation, mask_and_bias) in zip(self.transformer_blocks, shared):
+                x = block(x, padding_mask=padding_mask, rotation=rotation, mask_and_bias=mask_and_bias)
             return self.final_norm(x)
         updated = []
-        for block, cache in zip(self.transformer_blocks, caches):
-            x, cache = block(x, self_attention_cache=cache, self_attention_cache_index=cache_index)
+        for block, cache, (rotation, mask_and_bias) in zip(self.transformer_blocks, caches, shared):
+            x, cache = block(
+                x,
+                self_attention_cache=cache,
+                self_attention_cache_index=cache_index,
+                rotation=rotation,
+                mask_and_bias=mask_and_bias,
+            )
             updated.append(cache)
         return self.final_norm(x), updated
+
+    def _shared_attention_inputs(self, x, padding_mask, caches, cache_index):
+        """Each block's `(rotation, mask_and_bias)`: what its self-attention would compute from
+        the positions and masks, computed once per distinct setting and passed to every block.
+
+        Blocks with the same rotary settings share their rotation, and blocks with the same
+        window (and head grouping) their mask (Gemma 3 has two of each, one per layer type),
+        where each block's own would put L copies into the traced graph that TensorFlow and
+        XLA then process. The functional model, built from symbolic inputs without a length
+        to take positions from, lets each block compute its own (the same values).
+        """
+        if isinstance(x, keras.KerasTensor):
+            return [(None, None)] * len(self.transformer_blocks)
+        # What the blocks would read: the tokens' padding mask in a whole pass (else x's Keras
+        # mask), and their positions from `cache_index` with a cache only.
+        query_mask = padding_mask if caches is None and padding_mask is not None else keras_mask(x)
+        length = ops.shape(x)[1]
+        key_length = length if caches is None else ops.shape(caches[0][0])[2]
+        start_index, cache_index = (0, None) if caches is None else (cache_index, cache_index)
+        rotations, masks, shared = {}, {}, []
+        for block in self.transformer_blocks:
+            attention, rotation = block.self_attention, None
+            rope = attention.rotary_embedding
+            if rope is not None:
+                key = (
+                    rope.max_wavelength,
+                    rope.scaling_factor,
+                    rope.rotary_dim,
+                    repr(rope.rope_scaling),
+                    attention.key_dim,
+                )
+                if key not in rotations:
+                    rotations[key] = rope.rotation(length, attention.key_dim, start_index)
+                rotation = rotations[key]
+            key = (attention.sliding_window, attention.num_heads // attention.num_key_value_heads)
+            if key not in masks:
+                masks[key] = attention.compute_mask_and_bias(
+                    length,
+                    key_length,
+                    query_mask=query_mask,
+                    key_mask=query_mask,
+                    use_causal_mask=True,
+                    cache_index=cache_index,
+                    cached=caches is not None,
+                )
+            shared.append((rotation, masks[key]))
+        return shared
 
     def empty_cache(self, batch_size, cache_length, dtype=None):
         """Zero KV caches for `decode`: one `(keys, values)` pair per block, each
