@@ -373,6 +373,30 @@ def test_converter_options(function, attribute):
     assert getattr(converter, attribute) is True
 
 
+def test_converter_loads_no_weights():
+    variable = tf.Variable([1.0, 2.0])
+    module = tf.Module()
+    module.variable = variable
+    function = tf.function(lambda x: x * variable, input_signature=[tf.TensorSpec([2], tf.float32)])
+    concrete = function.get_concrete_function()
+    expected = tf.lite.TFLiteConverter.from_concrete_functions([concrete], module).convert()
+    from tensorflow.lite.python import lite
+
+    loaded = []
+    load = lite._load
+    lite._load = lambda *args: loaded.append(load(*args)) or loaded[-1]
+    try:
+        with _compat.converter_loads_no_weights():
+            converted = tf.lite.TFLiteConverter.from_concrete_functions([concrete], module).convert()
+    finally:
+        lite._load = load
+    # The converter still loads the SavedModel in Python (else the entry patches nothing), its
+    # variable unread there, and the file (read by the C++ converter) is the same.
+    assert loaded, "_compat.converter_loads_no_weights: the converter no longer calls lite._load"
+    assert not loaded[0].variable.is_initialized(), "_compat.converter_loads_no_weights"
+    assert converted == expected, "_compat.converter_loads_no_weights"
+
+
 def test_progress_bar_enabled():
     import tensorflow_datasets as tfds
     from tensorflow_datasets.core.utils import tqdm_utils

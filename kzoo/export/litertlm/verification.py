@@ -6,6 +6,7 @@ import numpy as np
 
 from kzoo import logs
 from kzoo.export import litertlm_model
+from kzoo.export import memory
 from kzoo.export import verification
 from kzoo.export.litertlm.bundle import CONVERSIONS
 from kzoo.export.litertlm.bundle import llm_metadata
@@ -91,6 +92,7 @@ class Bundles:
         if self._float32 is None:  # converted once, quantized per bundle
             self._float32 = convert(self.signatures, "tflite_fp32")
         flatbuffer = self._float32 if conversion == "tflite_fp32" else quantize(self._float32, conversion)
+        memory.release_freed_memory()  # the converter's or the quantizer's, before LiteRT loads the model
         write_bundle(path, flatbuffer, self.exported.tokenizer.to_str(), self.metadata)
         seconds = time.perf_counter() - start
         with logs.captured_stderr():  # LiteRT logs its CPU delegate

@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from kzoo import _compat
 from kzoo import logs
+from kzoo.export import memory
 from kzoo.export.serving_signatures import INFO_NAME
 from kzoo.export.serving_signatures import captured_variables
 from kzoo.export.tflite import graph_passes
@@ -69,9 +70,11 @@ def convert(signatures, tflite_format, representative_dataset=None, generation=T
         converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
     # TF's calibrator still runs the deprecated tf.lite.Interpreter (kzoo runs LiteRT), and
     # prints its settings from C++.
-    with warnings.catch_warnings(), logs.captured_stderr():
+    with warnings.catch_warnings(), logs.captured_stderr(), _compat.converter_loads_no_weights():
         warnings.filterwarnings("ignore", "(?s).*tf.lite.Interpreter is deprecated", UserWarning)
         flatbuffer = converter.convert()
+    del converter, variables  # its SavedModel and graphs, freed before the passes below copy the file
+    memory.release_freed_memory()
     flatbuffer = graph_passes.shared_subgraphs(flatbuffer)
     if signatures.info is None:
         return flatbuffer
