@@ -10,8 +10,9 @@ with `litertlm_int4` also DIR/model_int4.litertlm, int4 weights in blocks of 32)
 and DIR/export_report.json (sizes, max abs differences from Keras at lengths 1, 7 and full,
 quality deltas, latencies); see
 `kzoo.export.export`. Exits with status 1 and a message, leaving nothing at DIR, when the
-model cannot be read, a format is unknown, DIR cannot be written, or an artifact disagrees
-with the Keras model beyond its tolerance.
+model cannot be read, a format is unknown, DIR cannot be written, the export's estimated peak
+memory exceeds the host's available memory (`kzoo.export.memory`; `--ignore-memory-estimate`
+exports anyway), or an artifact disagrees with the Keras model beyond its tolerance.
 
 Examples:
     python export/export.py runs/gpt_tiny/model.keras --out runs/gpt_tiny/export
@@ -104,6 +105,12 @@ def make_parser():
         "--compare-model-export", action="store_true", help="also report the size of Keras' model.export"
     )
     parser.add_argument("--overwrite", action="store_true", help="replace DIR if it exists")
+    parser.add_argument(
+        "--ignore-memory-estimate",
+        action="store_true",
+        help="export even where the estimated peak memory exceeds the host's available memory "
+        "(kzoo.export.memory; by default the export is refused before anything is converted)",
+    )
     parser.add_argument(
         "--verbose", action="store_true", help="also show TensorFlow's and LiteRT's own log lines (see kzoo.logs)"
     )
@@ -204,6 +211,7 @@ def main(argv=None):
             overwrite=args.overwrite,
             prefill_lengths=args.prefill_lengths,
             cache_spans=args.cache_spans,
+            ignore_memory_estimate=args.ignore_memory_estimate,
         )
     except kzoo_export.ExportError as error:
         print(f"export failed: {error}", file=sys.stderr)

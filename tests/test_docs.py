@@ -172,6 +172,7 @@ TO_ADD = [
     "kzoo.export.litertlm.signatures",
     "kzoo.export.litertlm.verification",
     "kzoo.export.litertlm_model",
+    "kzoo.export.memory",
     "kzoo.export.serving_signatures",
     "kzoo.export.tflite",
     "kzoo.export.tflite.convert",

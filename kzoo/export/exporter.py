@@ -24,6 +24,7 @@ from kzoo import files
 from kzoo.export import export_data
 from kzoo.export import formats as formats_lib
 from kzoo.export import litertlm
+from kzoo.export import memory
 from kzoo.export import verification
 from kzoo.export.formats import LITERT_THREADS
 from kzoo.export.formats import ExportError
@@ -78,6 +79,7 @@ def export(
     seed=0,
     prefill_lengths=None,
     cache_spans="auto",
+    ignore_memory_estimate=False,
 ):
     """Exports a kzoo model for serving and verifies every file against the Keras model.
 
@@ -145,13 +147,17 @@ def export(
         cache_spans: "auto", ints, or "none" / None: the cache prefixes a LiteRT-LM bundle's
             attention reads instead of the whole cache (`kzoo.export.litertlm.attention_spans`):
             a step costs what its position has reached.
+        ignore_memory_estimate: bool, export even where the estimated peak memory
+            (`kzoo.export.memory.check_memory`, checked once the model is loaded) exceeds what the
+            host has available.
 
     Returns:
         The report (also written to `output_dir/export_report.json`).
 
     Raises:
         ExportError: with a message saying what is wrong; a bad setting (a format name, a count,
-            a quality bound) before anything is loaded or written.
+            a quality bound) before anything is loaded or written, an estimated peak memory beyond
+            the host's available memory before anything is converted.
 
     Example:
     >>> backbone = kzoo.models.GPTBackbone(64, 1, 2, 16, 32, max_sequence_length=16)
@@ -179,6 +185,7 @@ def export(
         seed=seed,
         prefill_lengths=prefill_lengths,
         cache_spans=cache_spans,
+        ignore_memory_estimate=ignore_memory_estimate,
     )
     with _output_folder(output_dir, overwrite) as staging:
         context = Context(model, settings, staging)
@@ -214,7 +221,20 @@ class Context:
             folder = settings.tokenizer_dir or (self.path.parent if self.path else None)
             self.tokenizer = _load_tokenizer(folder, settings.representative_data)
         self.formats = self._applicable(settings.formats)
+        self.memory = self._memory_estimate(settings.ignore_memory_estimate)
         self.data = _export_data(self, settings)
+
+    def _memory_estimate(self, ignore):
+        """`kzoo.export.memory.check_memory` for this export, its refusal an `ExportError` unless
+        `ignore`; the estimate and the memory it was compared with, for the report."""
+        return _checked(
+            memory.check_memory,
+            self.model,
+            self.cache_length,
+            self.max_length,
+            vocabulary_size_of(self.model),
+            ignore=ignore,
+        )
 
     def _applicable(self, names):
         """The formats of `names` (None: `DEFAULT_FORMATS`); one asked for by name that cannot be
@@ -298,6 +318,7 @@ class Context:
                 "quality_bounds_nats": self.settings.quality_bounds,
             },
             "keras": {"quality": self.keras.quality},
+            "memory": self.memory,
             "artifacts": records,
             "environment": _environment(),
         }
