@@ -4,8 +4,10 @@ Runs `export/export.py`'s `main` in this process with the same arguments, a thre
 process's resident memory (`VmRSS`) every 50 ms, and each stage of the export (loading, the Keras
 reference, tracing, conversion, quantization, writing, the runtime checks) timed and measured on
 the way in and out. Prints one row per stage, nested as the stages call each other: resident
-memory at its start and end and the most seen during it, in GB, and seconds; then the process's
-peak (`VmHWM`) and the model's float32 weight bytes; `--out` writes the rows as JSON.
+memory at its start and end and the most sampled during it, in GB, the process's peak so far
+(`VmHWM`: where it rises above the sampled peaks, the stage held a spike shorter than a sample),
+and seconds; then the process's peak and the model's float32 weight bytes; `--record` writes the
+rows as JSON.
 
     python -m benchmarks.export_memory MODEL --out-dir DIR [export.py's other arguments]
         [--record record.json]
@@ -89,6 +91,8 @@ class Sampler:
         finally:
             row["seconds"] = time.perf_counter() - start
             row["end_gb"] = self.sample() / _GB
+            # The process's peak so far: it rises within the stage that holds a spike shorter than a sample.
+            row["hwm_gb"] = resident_bytes("VmHWM") / _GB
             with self._lock:
                 self.open.remove(row)
             print(table([row], header=False), file=sys.stderr, flush=True)  # as it ends: a killed run still shows it
@@ -141,11 +145,12 @@ def instrument(sampler):
 
 def table(rows, header=True):
     """The rows, one a line: stage, resident GB at its start, its peak and its end, seconds."""
-    lines = [f"{'stage':48s} {'start':>6s} {'peak':>6s} {'end':>6s} {'s':>7s}"] if header else []
+    lines = [f"{'stage':48s} {'start':>6s} {'peak':>6s} {'end':>6s} {'VmHWM':>6s} {'s':>7s}"] if header else []
     for row in rows:
         label = "  " * row["depth"] + row["stage"] + "".join(f" {row[k]}" for k in ("format", "conversion") if k in row)
         lines.append(
-            f"{label:48s} {row['start_gb']:6.2f} {row['peak_gb']:6.2f} {row['end_gb']:6.2f} {row['seconds']:7.1f}"
+            f"{label:48s} {row['start_gb']:6.2f} {row['peak_gb']:6.2f} {row['end_gb']:6.2f} {row['hwm_gb']:6.2f} "
+            f"{row['seconds']:7.1f}"
         )
     return "\n".join(lines)
 
