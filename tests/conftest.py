@@ -10,14 +10,16 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import pytest  # noqa: E402
 
-WORKERS_PER_CORE = 1.5
+WORKERS_PER_CORE = 1
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_xdist_auto_num_workers(config):
-    """`-n auto`: WORKERS_PER_CORE workers per core. Much of a test's time is single-threaded
-    (tracing Keras layers into graphs, starting subprocesses, waiting on them), so one worker
-    per core leaves cores idle. PYTEST_XDIST_AUTO_NUM_WORKERS still overrides."""
+    """`-n auto`: WORKERS_PER_CORE workers per core the process may run on (xdist's own count
+    can be the physical cores, or all of the machine's). One: the suite is CPU-bound (TensorFlow
+    runs each op, and a test's subprocess, on every core), so a third worker on two cores ran
+    the fast tier longer, on more CPU-seconds (BENCHMARKS.md, "one worker per core").
+    PYTEST_XDIST_AUTO_NUM_WORKERS still overrides."""
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return None  # xdist's own hook reads it
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
