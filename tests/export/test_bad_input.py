@@ -1,7 +1,6 @@
 """Bad input gives a clear error and leaves nothing behind, through the API and the command line."""
 
 import errno
-import importlib.util
 import os
 from pathlib import Path
 
@@ -13,13 +12,11 @@ from kzoo import export
 from kzoo.export import exporter
 from kzoo.export import formats
 from kzoo.export.serving_signatures import ServingSignatures
+from tests.export.tiny_models import QUICK
 from tests.export.tiny_models import build
+from tests.export.tiny_models import load_export_command
 
-COMMAND = Path(__file__).resolve().parents[2] / "export" / "export.py"
-_spec = importlib.util.spec_from_file_location("export_command", COMMAND)
-export_command = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(export_command)
-QUICK = dict(num_examples=2, latency_runs=1, generate_tokens=2)
+export_command = load_export_command()
 
 
 @pytest.fixture(scope="module")

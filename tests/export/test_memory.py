@@ -1,20 +1,15 @@
 """The export's memory estimate: refused before anything is converted where it cannot fit, with a
 message naming the estimate and the memory available; `--ignore-memory-estimate` overrides it."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 from kzoo import export
 from kzoo.export import memory
+from tests.export.tiny_models import QUICK
 from tests.export.tiny_models import build
+from tests.export.tiny_models import load_export_command
 
-COMMAND = Path(__file__).resolve().parents[2] / "export" / "export.py"
-_spec = importlib.util.spec_from_file_location("export_command", COMMAND)
-export_command = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(export_command)
-QUICK = dict(num_examples=2, latency_runs=1, generate_tokens=2)
+export_command = load_export_command()
 
 
 @pytest.fixture(scope="module")

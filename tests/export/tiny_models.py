@@ -1,4 +1,7 @@
-"""Tiny random-weight models of every exported family, and inputs for them."""
+"""Tiny random-weight models of every exported family, inputs for them, and `export/export.py`."""
+
+import importlib.util
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -10,6 +13,17 @@ from tests.models.tiny_models import decoder_backbone
 VOCABULARY_SIZE = 64
 MAX_LENGTH = 16
 TRANSFORMER = dict(num_heads=2, hidden_dim=16, intermediate_dim=32, max_sequence_length=MAX_LENGTH, dropout=0.0)
+# The fewest checks an export may run: what the tests that run a whole export need.
+QUICK = dict(num_examples=2, latency_runs=1, generate_tokens=2)
+
+
+def load_export_command():
+    """`export/export.py`, the command, as a module (it is a script, outside any package)."""
+    path = Path(__file__).resolve().parents[2] / "export" / "export.py"
+    spec = importlib.util.spec_from_file_location("export_command", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def build(family, vocabulary_size=VOCABULARY_SIZE, **transformer):
