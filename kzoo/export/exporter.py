@@ -232,6 +232,7 @@ class Context:
             self.model,
             self.cache_length,
             self.max_length,
+            formats_lib.LITERTLM_ROWS,
             vocabulary_size_of(self.model),
             ignore=ignore,
         )

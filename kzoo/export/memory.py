@@ -7,7 +7,7 @@ peak grows with the model's float32 weight bytes W. `estimated_peak_bytes` model
     peak = WEIGHT_COPIES x W + CHECK_COPIES x (cache bytes + logits bytes) + BASE_BYTES
 
 where the cache bytes are one bundle's KV cache (layers x 2 x KV heads x cache length x head width
-x 4 bytes) and the logits bytes those of the LiteRT-LM check, 8 held-out rows of the checked
+x 4 bytes) and the logits bytes those of the LiteRT-LM check, its held-out rows of the checked
 length over the vocabulary, in float32 (the Keras reference holds them and half as many again).
 
 The constants are fitted, not derived, on two exports with `--formats litertlm,litertlm_int4
@@ -30,8 +30,6 @@ import os
 WEIGHT_COPIES = 13.5
 CHECK_COPIES = 1.5
 BASE_BYTES = int(1.4e9)
-# Rows of the LiteRT-LM check (`kzoo.export.formats.LITERTLM_ROWS`).
-_CHECK_ROWS = 8
 
 
 def float32_weight_bytes(model):
@@ -91,7 +89,9 @@ def resident_bytes():
     return 0
 
 
-def check_memory(model, cache_length, check_length, vocabulary_size, available=None, resident=None, ignore=False):
+def check_memory(
+    model, cache_length, check_length, check_rows, vocabulary_size, available=None, resident=None, ignore=False
+):
     """Raises ValueError when the export's estimated peak does not fit in the memory left.
 
     The peak (`estimated_peak_bytes`) counts what this process already holds (the loaded model
@@ -102,6 +102,7 @@ def check_memory(model, cache_length, check_length, vocabulary_size, available=N
         model: the loaded Keras model.
         cache_length: int, the exported KV cache's positions.
         check_length: int, the length the files are checked at.
+        check_rows: int, the rows the LiteRT-LM check runs at once (`kzoo.export.formats.LITERTLM_ROWS`).
         vocabulary_size: int.
         available: bytes the host has available; None reads `available_bytes()` (where that
             cannot be read either, nothing is checked).
@@ -114,7 +115,7 @@ def check_memory(model, cache_length, check_length, vocabulary_size, available=N
     available = available_bytes() if available is None else available
     resident = resident_bytes() if resident is None else resident
     weights = float32_weight_bytes(model)
-    logits = 4 * _CHECK_ROWS * check_length * vocabulary_size
+    logits = 4 * check_rows * check_length * vocabulary_size
     peak = estimated_peak_bytes(weights, cache_bytes(model, cache_length), logits)
     if not ignore and available is not None and peak - resident > available:
         raise ValueError(

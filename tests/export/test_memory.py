@@ -29,7 +29,7 @@ def test_the_estimate_is_weights_checks_and_libraries(model):
     cache = 4 * 2 * 2 * 2 * 16 * 8  # layers x (K, V) x heads x positions x head width, float32
     assert memory.float32_weight_bytes(model) == weights
     assert memory.cache_bytes(model, 16) == cache
-    estimate = memory.check_memory(model, 16, 16, 64, available=10**12, resident=0)
+    estimate = memory.check_memory(model, 16, 16, 8, 64, available=10**12, resident=0)
     logits = 4 * 8 * 16 * 64
     assert estimate["estimated_peak_bytes"] == memory.estimated_peak_bytes(weights, cache, logits)
     assert estimate["estimated_peak_bytes"] == int(
@@ -38,12 +38,12 @@ def test_the_estimate_is_weights_checks_and_libraries(model):
 
 
 def test_an_estimate_beyond_the_available_memory_is_refused_naming_both(model):
-    estimate = memory.check_memory(model, 16, 16, 64, available=10**12, resident=0)["estimated_peak_bytes"]
+    estimate = memory.check_memory(model, 16, 16, 8, 64, available=10**12, resident=0)["estimated_peak_bytes"]
     with pytest.raises(ValueError, match=r"peak at \d+\.\d GB .* host has 0\.1 GB available.*--ignore-memory-estimate"):
-        memory.check_memory(model, 16, 16, 64, available=int(0.1e9), resident=0)
+        memory.check_memory(model, 16, 16, 8, 64, available=int(0.1e9), resident=0)
     # What the process already holds is part of the peak: only the rest must be available.
-    memory.check_memory(model, 16, 16, 64, available=int(0.1e9), resident=estimate - int(0.1e9))
-    assert memory.check_memory(model, 16, 16, 64, available=1, resident=0, ignore=True)["available_bytes"] == 1
+    memory.check_memory(model, 16, 16, 8, 64, available=int(0.1e9), resident=estimate - int(0.1e9))
+    assert memory.check_memory(model, 16, 16, 8, 64, available=1, resident=0, ignore=True)["available_bytes"] == 1
 
 
 def test_the_host_s_available_memory_is_read():
