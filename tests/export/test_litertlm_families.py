@@ -15,6 +15,7 @@ import torch
 from kzoo import data
 from kzoo import export
 from kzoo import models
+from kzoo.checkpoints.families import TINY_BASE
 from kzoo.checkpoints.families import text_families
 from kzoo.export import litertlm_model
 from tests.models import hf_folders
@@ -34,7 +35,7 @@ def load_family(folder, family):
         reference = hf_folders.write_gpt2(folder, "GPT2LMHeadModel", n_positions=CACHE_LENGTH)
         return models.GPTCausalLM.from_preset(str(folder)), reference
     reference = hf_folders.write_decoder(folder, family, max_position_embeddings=CACHE_LENGTH)
-    tokenizer = data.character_tokenizer(hf_folders.DECODER_BASE["vocab_size"])
+    tokenizer = data.character_tokenizer(TINY_BASE["vocab_size"])
     return models.CausalLM.from_preset(str(folder), tokenizer=tokenizer), reference
 
 

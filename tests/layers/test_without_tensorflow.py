@@ -11,6 +11,7 @@ import textwrap
 import numpy as np
 import pytest
 
+from kzoo.checkpoints.families import TINY_BASE
 from kzoo.config import keras_backend
 from tests.models import hf_folders
 
@@ -67,7 +68,7 @@ def test_keras_backend_is_read_as_keras_reads_it_before_keras_is_imported(tmp_pa
 def test_a_hugging_face_decoder_loads_runs_and_generates_under_jax_without_tensorflow(tmp_path):
     folder, out = tmp_path / "qwen2", tmp_path / "out.npz"
     reference = hf_folders.write_decoder(folder, "qwen2")
-    ids = np.random.default_rng(0).integers(1, hf_folders.DECODER_BASE["vocab_size"], (2, 7)).astype("int32")
+    ids = np.random.default_rng(0).integers(1, TINY_BASE["vocab_size"], (2, 7)).astype("int32")
     run_without_tensorflow(
         f"""
         import numpy as np

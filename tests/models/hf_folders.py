@@ -116,9 +116,6 @@ def random_batch(vocabulary_size, batch=3, length=12, seed=0, segments=True):
     return ids, mask, segment_ids
 
 
-# The sizes of the tiny random decoders; each family's own fields are its record's `tiny.hf`,
-# small enough that every setting that distinguishes a family acts within a dozen tokens.
-DECODER_BASE = TINY_BASE
 # name -> (transformers config class, causal LM class, config fields): every family kzoo writes,
 # as its record's tiny model (`Family.tiny`), and each of its variants as "<model_type>_<suffix>".
 DECODERS = {
@@ -139,7 +136,7 @@ def write_decoder(folder, name, seed=0, scale=0.2, **config):
 
     config_class, model_class, fields = DECODERS[name]
     torch.manual_seed(seed)
-    settings = getattr(transformers, config_class)(**{**DECODER_BASE, **fields, **config})
+    settings = getattr(transformers, config_class)(**{**TINY_BASE, **fields, **config})
     model = getattr(transformers, model_class)(settings).eval()
     with torch.no_grad():
         for parameter in model.parameters():

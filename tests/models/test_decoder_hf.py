@@ -19,6 +19,7 @@ import kzoo
 from kzoo.checkpoints import families
 from kzoo.checkpoints import tensor_maps
 from kzoo.checkpoints.errors import CheckpointError
+from kzoo.checkpoints.families import TINY_BASE
 from tests.models import hf_folders
 
 FAMILIES = list(hf_folders.DECODERS)
@@ -40,7 +41,7 @@ def load(folder, cls=kzoo.models.CausalLM, **kwargs):
 
 
 def batch(seed=0, length=12):
-    ids = np.random.default_rng(seed).integers(1, hf_folders.DECODER_BASE["vocab_size"], (2, length)).astype("int32")
+    ids = np.random.default_rng(seed).integers(1, TINY_BASE["vocab_size"], (2, length)).astype("int32")
     mask = np.ones_like(ids)
     mask[1, length - 3 :] = 0
     return ids, mask
@@ -177,7 +178,7 @@ def test_a_bad_config_is_refused_before_anything_is_built(tmp_path, folders, fie
 def test_gemma3_with_its_vision_tower_loads_its_text_decoder(tmp_path):
     torch.manual_seed(0)
     family = families.FAMILIES["gemma3"]  # its tiny vision tower, around the tiny text decoder of Gemma 3
-    text = {**hf_folders.DECODER_BASE, **hf_folders.DECODERS[family.text_family][2]}
+    text = {**TINY_BASE, **hf_folders.DECODERS[family.text_family][2]}
     config = getattr(transformers, family.tiny.config)(text_config=text, **family.tiny.hf)
     reference = getattr(transformers, family.causal_lm)(config).eval()
     with torch.no_grad():
