@@ -28,6 +28,8 @@ from pathlib import Path
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
+from kzoo.export.memory import resident_bytes  # noqa: E402
+
 _GB = 1e9
 # (module, attribute, stage): the functions timed as stages, patched where their callers look them up.
 STAGES = (
@@ -47,15 +49,6 @@ STAGES = (
     ("kzoo.export.litertlm.verification", "_run_cases", "LiteRT-LM greedy generations"),
     ("kzoo.export.formats", "LiteRTLMBundle.build", "bundle"),
 )
-
-
-def resident_bytes(field="VmRSS"):
-    """The process's resident memory (`VmRSS`) or its peak (`VmHWM`), in bytes."""
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"/proc/self/status has no {field}")
 
 
 class Sampler:

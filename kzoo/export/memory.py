@@ -77,12 +77,13 @@ def available_bytes():
     return None
 
 
-def resident_bytes():
-    """This process's resident memory (`VmRSS`), or 0 where it cannot be read."""
+def resident_bytes(field="VmRSS"):
+    """This process's resident memory (`VmRSS`) or its peak so far (`VmHWM`), or 0 where it
+    cannot be read."""
     try:
         with open(f"/proc/{os.getpid()}/status") as status:
             for line in status:
-                if line.startswith("VmRSS:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:
         return 0
