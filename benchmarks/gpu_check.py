@@ -3,9 +3,11 @@
 For each family in `FAMILIES` it writes a tiny random checkpoint with transformers (seeded), loads
 it with `kzoo.models.CausalLM.from_preset(folder, tokenizer=None)`, and compares the logits at the
 last position of a batch of prompts, then 16 greedily generated tokens, with transformers' (on
-torch's device: CUDA where torch has it). One line per family; the exit status is 1 if any
-family's logits differ by more than `RTOL` (relative to their largest magnitude) or any token
-differs.
+torch's device: CUDA where torch has it), and the same tokens from speculative decoding with a
+one-layer checkpoint of the family as the draft (`generate(..., draft_model=)`, one prompt at a
+time), which must be the target's own greedy output whatever the draft proposes. One line per
+family; the exit status is 1 if any family's logits differ by more than `RTOL` (relative to
+their largest magnitude) or any token differs.
 
 It imports no TensorFlow, keras-hub, tensorflow-text or gguf (the checkpoints come without a
 tokenizer, whose loader needs keras-hub), so it runs where only JAX, torch and transformers are
@@ -47,13 +49,15 @@ NEW_TOKENS = 16
 RTOL = 1e-4
 
 
-def write_checkpoint(folder, model_type, seed=0, scale=0.2):
+def write_checkpoint(folder, model_type, seed=0, scale=0.2, **sizes):
     """A random transformers causal LM of the family saved in `folder`; every weight is drawn from
-    N(0, scale^2), norms included, so that each one moves the logits."""
+    N(0, scale^2), norms included, so that each one moves the logits. `sizes` override `SIZES`."""
     family = FAMILIES[model_type]
     torch.manual_seed(seed)
     # Eager attention: the reference implementation (Gemma 2's soft caps need it).
-    config = getattr(transformers, family.tiny.config)(**{**SIZES, **family.tiny.hf}, attn_implementation="eager")
+    config = getattr(transformers, family.tiny.config)(
+        **{**SIZES, **family.tiny.hf, **sizes}, attn_implementation="eager"
+    )
     model = getattr(transformers, family.causal_lm)(config).eval()
     with torch.no_grad():
         for parameter in model.parameters():
@@ -66,10 +70,14 @@ def write_checkpoint(folder, model_type, seed=0, scale=0.2):
 
 
 def check(model_type, device, rng):
-    """`(relative logits difference, tokens that agree, tokens)` of one family."""
+    """`(relative logits difference, tokens that agree, speculative tokens that agree, tokens)` of
+    one family."""
     with tempfile.TemporaryDirectory() as folder:
         reference = write_checkpoint(folder, model_type).to(device)
         lm = kzoo.models.CausalLM.from_preset(folder, tokenizer=None)
+    with tempfile.TemporaryDirectory() as folder:
+        write_checkpoint(folder, model_type, seed=1, num_hidden_layers=1)
+        draft = kzoo.models.CausalLM.from_preset(folder, tokenizer=None)
     prompts = rng.integers(1, SIZES["vocab_size"], (2, 6)).astype("int32")
 
     inputs = {"token_ids": prompts, "padding_mask": np.ones_like(prompts)}
@@ -84,7 +92,18 @@ def check(model_type, device, rng):
             torch.from_numpy(prompts).long().to(device), max_new_tokens=NEW_TOKENS, do_sample=False
         )
     want_tokens = sequences[:, prompts.shape[1] :].cpu().numpy()
-    return difference, int((tokens == want_tokens).sum()), want_tokens.size
+    speculative = np.concatenate(
+        [
+            np.asarray(lm.generate([row.tolist()], max_new_tokens=NEW_TOKENS, draft_model=draft))[:, prompts.shape[1] :]
+            for row in prompts
+        ]
+    )
+    return (
+        difference,
+        int((tokens == want_tokens).sum()),
+        int((speculative == want_tokens).sum()),
+        want_tokens.size,
+    )
 
 
 def main():
@@ -97,11 +116,12 @@ def main():
     rng = np.random.default_rng(0)
     failed = False
     for model_type in CHECKED:
-        difference, agree, total = check(model_type, device, rng)
-        ok = difference <= RTOL and agree == total
+        difference, agree, speculative, total = check(model_type, device, rng)
+        ok = difference <= RTOL and agree == speculative == total
         failed |= not ok
         print(
             f"{model_type:8s} logits max rel diff {difference:.2e}  tokens {agree}/{total}  "
+            f"speculative {speculative}/{total}  "
             f"{'ok' if ok else 'MISMATCH'}  jax {jax.devices()}  torch {device}",
             flush=True,
         )
