@@ -1,5 +1,6 @@
 """`litertlm_int4`: a LiteRT-LM bundle with int4 weights in blocks of 32 (Google's ai-edge-quantizer),
-within its quality bound of Keras in the runtime, and refused for a model that cannot be blocked."""
+within its quality bound of Keras in the runtime, exact to a 4-bit source's own blocks, and refused
+for a model that cannot be blocked."""
 
 import numpy as np
 import pytest
@@ -11,6 +12,10 @@ from kzoo import models
 from kzoo.export import litertlm
 from kzoo.export import litertlm_model
 from kzoo.export import verification
+from kzoo.export.tflite import graph_passes
+from kzoo.export.tflite import quantize
+from tests.export.test_quantization import q4_1
+from tests.export.test_quantization import q8_0
 
 CACHE_LENGTH = 64  # the model's whole table: quality over 64 positions
 
@@ -77,6 +82,50 @@ def test_the_int4_bundle_is_within_its_bound_in_the_runtime(tmp_path):
     logits = litertlm_model.teacher_forced_logits(flatbuffer, rows[0])
     keras_logits = np.asarray(lm({"token_ids": rows, "padding_mask": np.ones_like(rows)}))[0]
     assert 0 < verification.max_abs_diff(logits, keras_logits) < 0.5 * np.abs(keras_logits).max()
+
+
+def test_the_int4_bundle_keeps_a_4_bit_source_exact(tmp_path):
+    # A model whose projections hold Q4_1 weights and whose tied table holds Q8_0: int4 keeps
+    # the projections' own blocks (codes + float32 offsets) and the table in int8, so the
+    # bundle's logits are Keras' up to the activations' int8 rounding; with ai-edge-quantizer's
+    # plain int4 blocks they move by as much as the logits themselves.
+    lm = tiny_lm(64)
+    rng = np.random.default_rng(0)
+    for weight in lm.weights:
+        if len(weight.shape) < 2:
+            weight.assign(1 + rng.normal(0, 0.1, weight.shape))
+            continue
+        values = rng.normal(0, 0.2, weight.shape).astype(np.float32)
+        if "embeddings" in weight.path:
+            weight.assign(q8_0(values))
+            continue
+        # (in, out) or einsum kernels: inputs first, except the output projection's (heads, dim, out).
+        inputs = (
+            values.reshape(-1, values.shape[-1])
+            if "attention_output" in weight.path
+            else values.reshape(values.shape[0], -1)
+        )
+        weight.assign(q4_1(inputs.T).T.reshape(weight.shape))
+    rows = rng.integers(1, 128, (1, 24))
+    keras_logits = np.asarray(lm({"token_ids": rows, "padding_mask": np.ones_like(rows)}))[0]
+    float32 = litertlm.bundle_model(litertlm.RuntimeSignatures(lm, CACHE_LENGTH), "tflite_fp32")
+
+    def difference(flatbuffer):
+        return verification.max_abs_diff(litertlm_model.teacher_forced_logits(flatbuffer, rows[0]), keras_logits)
+
+    kept = quantize.quantize(float32, quantize.INT4)
+    types = tensor_types(kept)
+    projections = 2 * (64 * 64 + 2 * 64 * 32 + 3 * 64 * 128)
+    assert types["INT4"] >= projections // 2 and types["INT8"] >= 128 * 64  # the table in int8
+    assert types["FLOAT32"] >= projections // 32 * 4  # one float32 offset per block
+    census = graph_passes.op_census(kept)
+    assert census["FULLY_CONNECTED"] >= 3 * 14  # each projection's FC, its offsets' and a sums FC
+    scale = np.abs(keras_logits).max()
+    assert difference(kept) < 0.15 * scale
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(quantize, "source_blocks", lambda weights: None)
+        patch.setattr(quantize, "finer_source", lambda weights: False)
+        assert difference(quantize.quantize(float32, quantize.INT4)) > 0.4 * scale
 
 
 def test_a_tied_token_table_is_stored_once_in_float32():

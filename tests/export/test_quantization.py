@@ -1,9 +1,12 @@
 """Quantized TFLite files: their size, and their quality loss, reported and bounded."""
 
+import ml_dtypes
+import numpy as np
 import pytest
 
 from kzoo import export
 from kzoo import models
+from kzoo.export.tflite import quantize
 from tests.export.tiny_models import TRANSFORMER
 from tests.export.tiny_models import build
 from tests.export.tiny_models import redraw
@@ -106,3 +109,63 @@ def test_full_integer_int8_feed_forward_lm(tmp_path):
     assert int8["size_bytes"] <= 0.3 * report["artifacts"]["tflite_fp32"]["size_bytes"]
     assert int8["quality"]["cross_entropy_increase"] <= export.QUALITY_BOUNDS["tflite_int8"]
     assert int8["activation_types"]["INT8"] > int8["activation_types"].get("FLOAT32", 0)
+
+
+def q4_1(weights):
+    """GGUF's Q4_1 of `(out, in)` weights, dequantized: per block of 32 inputs, 16 levels from
+    the block's minimum to its maximum (both float16, as GGUF stores them)."""
+    out, inputs = weights.shape
+    blocks = weights.reshape(out, inputs // 32, 32)
+    low = blocks.min(-1, keepdims=True).astype(np.float16).astype(np.float32)
+    step = ((blocks.max(-1, keepdims=True) - low) / 15).astype(np.float16).astype(np.float32)
+    return (low + np.clip(np.rint((blocks - low) / step), 0, 15) * step).reshape(out, inputs)
+
+
+def q8_0(weights):
+    """GGUF's Q8_0, dequantized: per block of 32, `step * q` with |q| <= 127, step = max|w| / 127."""
+    rows, inputs = weights.shape
+    blocks = weights.reshape(rows, inputs // 32, 32)
+    step = (np.abs(blocks).max(-1, keepdims=True) / 127).astype(np.float16).astype(np.float32)
+    return (np.rint(blocks / step) * step).reshape(rows, inputs)
+
+
+def test_source_blocks_cut_a_4_bit_grid_into_int4_codes_and_offsets():
+    weights = q4_1(np.random.default_rng(0).normal(0, 0.2, (48, 96)).astype(np.float32))
+    codes, offsets, block = quantize.source_blocks(weights)
+    assert block == 32 and codes.shape == weights.shape and offsets.shape == (48, 3)
+    blocks = codes.reshape(48, 3, 32)
+    # One step per block, stored as bfloat16 (LiteRT's int4 scales), the codes integers in [-8, 7]
+    # that ai-edge-quantizer's recovery gets back.
+    magnitudes = np.diff(np.sort(np.concatenate([np.abs(blocks), np.zeros((48, 3, 1))], -1), -1), axis=-1)
+    step = np.min(np.where(magnitudes > 0, magnitudes, np.inf), -1)
+    assert np.array_equal(step.astype(np.float32).astype(ml_dtypes.bfloat16).astype(np.float64), step)
+    integers = blocks / step[..., None]
+    assert np.array_equal(integers, np.rint(integers)) and integers.min() >= -8 and integers.max() <= 7
+    # Codes plus offsets give the weights back, within the bfloat16 rounding of the step.
+    source_step = (weights.reshape(48, 3, 32).max(-1) - weights.reshape(48, 3, 32).min(-1)) / 15
+    error = np.abs(blocks + offsets[..., None] - weights.reshape(48, 3, 32)).max(-1)
+    assert np.all(error <= 8 * 2**-8 * source_step + 1e-7)
+    # Weights that are no 4-bit grid are left alone, and so is a grid of more levels.
+    assert quantize.source_blocks(np.random.default_rng(1).normal(size=(8, 64)).astype(np.float32)) is None
+    assert quantize.source_blocks(q8_0(np.random.default_rng(1).normal(size=(8, 64)).astype(np.float32))) is None
+    # Grids of 5 to 8 bits are finer sources (for int8); float weights and bfloat16 ones are none.
+    normal = np.random.default_rng(1).normal(size=(64, 256)).astype(np.float32)
+    assert quantize.finer_source(q8_0(normal)) and quantize.finer_source(weights)
+    assert not quantize.finer_source(normal)
+    assert not quantize.finer_source(normal.astype(ml_dtypes.bfloat16).astype(np.float32))
+
+
+def test_a_block_whose_values_skip_levels_is_still_its_own_grid_and_recovered_exactly():
+    # Levels 0, 2 and 5 of a step of 1/64: no two values are neighbours (the smallest gap is
+    # two steps), and centred on 8 (codes -8, -6, -3) the smallest gap between magnitudes, 0
+    # included, is 2, which 3 is no multiple of: ai-edge-quantizer's recovery would not get
+    # the codes back. Another centre does.
+    levels = np.array([0, 2, 5] * 10 + [0, 2])
+    assert not quantize._recoverable(levels[None] - 8).all()
+    step = 1 / 64
+    weights = (0.25 + step * levels)[None].astype(np.float32)
+    codes, offsets, _ = quantize.source_blocks(weights)
+    integers = codes / step
+    assert np.array_equal(integers, np.rint(integers)) and integers.min() >= -8 and integers.max() <= 7
+    assert quantize._recoverable(np.rint(integers).astype(int)).all()
+    np.testing.assert_array_equal(codes + offsets, weights)

@@ -148,6 +148,196 @@ def embedding_lookups(flatbuffer):
     return _packed(model, len(flatbuffer))
 
 
+def split_fully_connected(flatbuffer, split, residual_tag, offsets_tag):
+    """The TFLite `flatbuffer` with each FULLY_CONNECTED op whose constant float32 weights W
+    (out, in) `split` cuts into `(residual, offsets, block)` computing
+
+        y = x @ residual^T + sums(x) @ offsets^T,   sums(x)[j] = x[j * block : (j + 1) * block].sum()
+
+    the sums an FC of 0/1 weights (one per input tensor), the offsets an FC on them, both in
+    float32, added to the residual FC's output; `split` returns None to leave an op as it is.
+    The residual FCs' outputs are named with `residual_tag` and the two new FCs' with
+    `offsets_tag` (the quantizer's recipe picks ops by these names). Weights also read by
+    another kind of op (a tied table's lookup) are left alone. Returns `(flatbuffer, ops split)`."""
+    model = schema.ModelT.InitFromPackedBuf(flatbuffer, 0)
+    builtin = {max(code.builtinCode, code.deprecatedBuiltinCode): i for i, code in enumerate(model.operatorCodes)}
+    fc = builtin.get(schema.BuiltinOperator.FULLY_CONNECTED)
+    if fc is None:
+        return flatbuffer, 0
+    if schema.BuiltinOperator.ADD not in builtin:
+        code = schema.OperatorCodeT()
+        code.builtinCode = code.deprecatedBuiltinCode = schema.BuiltinOperator.ADD
+        code.version = 1
+        model.operatorCodes.append(code)
+        builtin[schema.BuiltinOperator.ADD] = len(model.operatorCodes) - 1
+    add = builtin[schema.BuiltinOperator.ADD]
+    # Buffers read by anything but an FC's weights input keep their values.
+    shared = {
+        subgraph.tensors[index].buffer
+        for subgraph in model.subgraphs
+        for op in subgraph.operators
+        for position, index in enumerate(op.inputs)
+        if index >= 0 and not (op.opcodeIndex == fc and position == 1)
+    }
+
+    def constant(array):
+        buffer = schema.BufferT()
+        buffer.data = np.ascontiguousarray(array, np.float32).view(np.uint8).ravel()
+        model.buffers.append(buffer)
+        return len(model.buffers) - 1
+
+    splits, sum_buffers, added, count = {}, {}, 0, 0
+    for number, subgraph in enumerate(model.subgraphs):
+
+        def tensor(name, shape, signature=None, buffer=None):
+            t = schema.TensorT()
+            t.name, t.type = name, schema.TensorType.FLOAT32
+            t.shape = np.asarray(shape, np.int32)
+            t.shapeSignature = None if signature is None else np.asarray(signature, np.int32)
+            if buffer is None:
+                model.buffers.append(schema.BufferT())
+                buffer = len(model.buffers) - 1
+            t.buffer = buffer
+            subgraph.tensors.append(t)
+            return len(subgraph.tensors) - 1
+
+        def op(code, inputs, outputs, options_type, options):
+            o = schema.OperatorT()
+            o.opcodeIndex, o.inputs, o.outputs = code, list(inputs), list(outputs)
+            o.builtinOptionsType, o.builtinOptions = options_type, options
+            return o
+
+        operators, sums, weight_tensors = [], {}, {}
+        for original in subgraph.operators:
+            operators.append(original)
+            if original.opcodeIndex != fc or len(original.inputs) < 2:
+                continue
+            weights = subgraph.tensors[original.inputs[1]]
+            options = original.builtinOptions
+            data = model.buffers[weights.buffer].data
+            if (
+                weights.type != schema.TensorType.FLOAT32
+                or data is None
+                or len(weights.shape) != 2
+                or weights.buffer in shared
+                or options.fusedActivationFunction != schema.ActivationFunctionType.NONE
+            ):
+                continue
+            if weights.buffer not in splits:
+                parts = split(np.frombuffer(np.asarray(data, np.uint8).tobytes(), np.float32).reshape(weights.shape))
+                if parts is not None:
+                    residual, offsets, block = parts
+                    model.buffers[weights.buffer].data = (
+                        np.ascontiguousarray(residual, np.float32).view(np.uint8).ravel()
+                    )
+                    inputs = int(weights.shape[1])
+                    if (inputs, block) not in sum_buffers:
+                        ones = np.arange(inputs) // block == np.arange(inputs // block)[:, None]
+                        sum_buffers[inputs, block] = constant(ones)
+                        added += ones.size * 4
+                    parts = (constant(offsets), offsets.shape, sum_buffers[inputs, block], block)
+                    added += offsets.size * 4
+                splits[weights.buffer] = parts
+            parts = splits[weights.buffer]
+            if parts is None:
+                continue
+            offsets_buffer, offsets_shape, sum_buffer, block = parts
+            output = subgraph.tensors[original.outputs[0]]
+            output_name = output.name.decode() if isinstance(output.name, bytes) else output.name
+            signature = None if output.shapeSignature is None else list(output.shapeSignature)
+            key = (original.inputs[0], bool(options.keepNumDims), sum_buffer)
+            if key not in sums:
+                sum_shape = [offsets_shape[1], int(weights.shape[1])]
+                if sum_buffer not in weight_tensors:
+                    weight_tensors[sum_buffer] = tensor(
+                        f"{offsets_tag}/block_sums_{number}_{sum_buffer}", sum_shape, buffer=sum_buffer
+                    )
+                sums[key] = tensor(
+                    f"{output_name};{offsets_tag}/sums",
+                    [*list(output.shape)[:-1], offsets_shape[1]],
+                    None if signature is None else [*signature[:-1], offsets_shape[1]],
+                )
+                operators.insert(
+                    len(operators) - 1,
+                    op(
+                        fc,
+                        [original.inputs[0], weight_tensors[sum_buffer], -1],
+                        [sums[key]],
+                        original.builtinOptionsType,
+                        _fc_options(options),
+                    ),
+                )
+            if offsets_buffer not in weight_tensors:
+                weight_tensors[offsets_buffer] = tensor(
+                    f"{offsets_tag}/offsets_{number}_{offsets_buffer}", offsets_shape, buffer=offsets_buffer
+                )
+            from_offsets = tensor(f"{output_name};{offsets_tag}", output.shape, signature)
+            from_residual = tensor(f"{output_name};{residual_tag}", output.shape, signature)
+            operators.insert(
+                len(operators) - 1,
+                op(
+                    fc,
+                    [sums[key], weight_tensors[offsets_buffer], -1],
+                    [from_offsets],
+                    original.builtinOptionsType,
+                    _fc_options(options),
+                ),
+            )
+            final = original.outputs[0]
+            original.outputs = [from_residual]
+            add_options = schema.AddOptionsT()
+            add_options.fusedActivationFunction = schema.ActivationFunctionType.NONE
+            operators.append(
+                op(add, [from_residual, from_offsets], [final], schema.BuiltinOptions.AddOptions, add_options)
+            )
+            count += 1
+        subgraph.operators = operators
+    if not count:
+        return flatbuffer, 0
+    return _packed(model, len(flatbuffer) + added), count
+
+
+def tag_weighted_ops(flatbuffer, choose, tag):
+    """The TFLite `flatbuffer` with `tag` added to the output names of the FULLY_CONNECTED and
+    EMBEDDING_LOOKUP ops whose constant float32 2-D weights (a table, for a lookup) `choose`
+    accepts (the quantizer's recipe picks ops by these names). Returns `(flatbuffer, ops tagged)`."""
+    model = schema.ModelT.InitFromPackedBuf(flatbuffer, 0)
+    weighted = {
+        i
+        for i, code in enumerate(model.operatorCodes)
+        if max(code.builtinCode, code.deprecatedBuiltinCode)
+        in (schema.BuiltinOperator.FULLY_CONNECTED, schema.BuiltinOperator.EMBEDDING_LOOKUP)
+    }
+    chosen, count = {}, 0
+    for subgraph in model.subgraphs:
+        for op in subgraph.operators:
+            if op.opcodeIndex not in weighted or len(op.inputs) < 2:
+                continue
+            weights = subgraph.tensors[op.inputs[1]]
+            data = model.buffers[weights.buffer].data
+            if weights.type != schema.TensorType.FLOAT32 or data is None or len(weights.shape) != 2:
+                continue
+            if weights.buffer not in chosen:
+                array = np.frombuffer(np.asarray(data, np.uint8).tobytes(), np.float32).reshape(weights.shape)
+                chosen[weights.buffer] = bool(choose(array))
+            if chosen[weights.buffer]:
+                output = subgraph.tensors[op.outputs[0]]
+                name = output.name.decode() if isinstance(output.name, bytes) else output.name
+                output.name = f"{name};{tag}"
+                count += 1
+    if not count:
+        return flatbuffer, 0
+    return _packed(model, len(flatbuffer)), count
+
+
+def _fc_options(options):
+    """A float FULLY_CONNECTED's options with the same output rank as `options`' op."""
+    new = schema.FullyConnectedOptionsT()
+    new.fusedActivationFunction = schema.ActivationFunctionType.NONE
+    new.keepNumDims = options.keepNumDims
+    return new
+
+
 def _packed(model, size):
     """`model` (a `schema.ModelT`) packed into flatbuffer bytes, in a builder made `size` bytes
     (about the file's) and a little more, and copied out once. A flatbuffers builder that runs out

@@ -3,13 +3,28 @@
 A float32 file (`kzoo.export.tflite.convert`) goes in, the recipe named comes out. Its int8
 is also the more exact: on SmolLM2, TensorFlow's dynamic-range int8 raised the held-out
 cross-entropy far more (BENCHMARKS.md).
+
+int4 keeps a 4-bit source's own blocks. A weight read from a GGUF in Q4_1 or Q4_K holds, in
+each block of 32 inputs, at most 16 evenly spaced values `offset + step * k` (k in 0..15): an
+asymmetric grid, which LiteRT's symmetric int4 blocks cannot hold (re-quantizing them cost
+SmolLM2 0.43 nats of held-out cross-entropy, the block offsets most of it). Such a weight is
+cut (`source_blocks`) into codes `step * (k - 8)`, which int4 holds exactly, and one offset per
+block, which the file applies in float32 to the sums of the input over each block
+(`graph_passes.split_fully_connected`): an eighth more bytes than int4 alone. A weight of a
+finer source (Q5_0, Q6_K, Q8_0: `finer_source`) is stored in int8. Weights of no such grid (a model
+trained in Keras) get ai-edge-quantizer's int4 blocks as before.
 """
 
 import contextlib
 import io
 
+import ml_dtypes
+import numpy as np
+
 from kzoo import logs
 from kzoo.export.tflite.graph_passes import embedding_lookups
+from kzoo.export.tflite.graph_passes import split_fully_connected
+from kzoo.export.tflite.graph_passes import tag_weighted_ops
 
 INT8, INT4 = "int8_channelwise", "int4_blockwise32"
 INT4_BLOCK = 32
@@ -18,21 +33,154 @@ QUANTIZATIONS = {
     INT8: "int8 weights with a scale per output channel, float32 activations quantized per call "
     "(ai-edge-quantizer's dynamic_wi8_afp32)",
     INT4: f"int4 weights in blocks of {INT4_BLOCK} along each input dimension, float32 activations quantized per "
-    "call (ai-edge-quantizer's dynamic_wi4b32_afp32)",
+    "call (ai-edge-quantizer's dynamic_wi4b32_afp32); a 4-bit source's blocks kept exactly (int4 codes, "
+    "float32 block offsets), a 5- to 8-bit source's weights in int8 per channel",
 }
-_RECIPES = {INT8: "dynamic_wi8_afp32", INT4: "dynamic_wi4b32_afp32"}
+# The names the int4 recipe picks ops by (`graph_passes.split_fully_connected` and
+# `graph_passes.tag_weighted_ops` write them).
+SOURCE_BLOCKS, BLOCK_OFFSETS, FINER_SOURCE = "kzoo_source_blocks", "kzoo_block_offsets", "kzoo_finer_source"
 
 
 def quantize(flatbuffer, conversion):
     """The float32 TFLite model `flatbuffer` quantized by ai-edge-quantizer as `conversion` says
-    (`INT8` or `INT4`), its table lookups first made EMBEDDING_LOOKUP ops (`embedding_lookups`)."""
+    (`INT8` or `INT4`), its table lookups first made EMBEDDING_LOOKUP ops (`embedding_lookups`)
+    and, for `INT4`, its 4-bit source weights cut into codes and block offsets (`source_blocks`)."""
     import ai_edge_quantizer
-    from ai_edge_quantizer import recipe
 
-    quantizer = ai_edge_quantizer.Quantizer(embedding_lookups(flatbuffer), getattr(recipe, _RECIPES[conversion])())
+    flatbuffer = embedding_lookups(flatbuffer)
+    if conversion == INT4:
+        flatbuffer, _ = split_fully_connected(flatbuffer, source_blocks, SOURCE_BLOCKS, BLOCK_OFFSETS)
+        flatbuffer, _ = tag_weighted_ops(flatbuffer, finer_source, FINER_SOURCE)
+    quantizer = ai_edge_quantizer.Quantizer(flatbuffer, _recipe(conversion))
     # It prints a size summary and progress bars.
     with logs.captured_stderr(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         return bytes(quantizer.quantize().quantized_model)
+
+
+def _recipe(conversion):
+    """ai-edge-quantizer's recipe: int8 per channel, or int4 in blocks of 32 (both with
+        activations quantized per call) with the codes of a 4-bit source recovered exactly
+        (its dequantized-weight recovery), their block offsets left in float32, and the weights of an
+    source of 5 to 8 bits (`finer_source`) in int8 per channel."""
+    from ai_edge_quantizer import algorithm_manager
+    from ai_edge_quantizer import qtyping
+    from ai_edge_quantizer import recipe_manager
+
+    operations, algorithms = qtyping.TFLOperationName, algorithm_manager.AlgorithmName
+    manager = recipe_manager.RecipeManager()
+    if conversion == INT8:
+        manager.add_dynamic_config(".*", operations.ALL_SUPPORTED, num_bits=8)
+        return manager.get_quantization_recipe()
+    blocks = qtyping.QuantGranularity.BLOCKWISE_32
+    # Later entries win where several names match: a 4-bit source's codes are also a finer grid,
+    # and the offsets' block sums (0 or 1) one too.
+    manager.add_dynamic_config(".*", operations.ALL_SUPPORTED, num_bits=4, granularity=blocks)
+    manager.add_dynamic_config(FINER_SOURCE, operations.ALL_SUPPORTED, num_bits=8)
+    manager.add_dynamic_config(
+        SOURCE_BLOCKS,
+        operations.FULLY_CONNECTED,
+        num_bits=4,
+        granularity=blocks,
+        algorithm_key=algorithms.DEQUANTIZED_WEIGHT_RECOVERY,
+    )
+    manager.add_quantization_config(BLOCK_OFFSETS, operations.FULLY_CONNECTED, algorithm_key=algorithms.NO_QUANTIZE)
+    return manager.get_quantization_recipe()
+
+
+def source_blocks(weights, tolerance=1e-5):
+    """`(codes, offsets, INT4_BLOCK)` of FC weights `(out, in)` whose every block of
+    `INT4_BLOCK` inputs holds at most 16 evenly spaced values (a 4-bit source: GGUF's Q4_0, Q4_1,
+    Q4_K), so that `weights ~= codes + offsets` repeated over each block; else None.
+
+    The codes are `step * c` with c an integer in [-8, 7] and the step rounded to bfloat16 (as
+    LiteRT's int4 blocks store it; `weights` then move by at most 8 x 2^-8 of a step); each
+    block's c are shifted so that ai-edge-quantizer's recovery (the smallest gap between the
+    block's magnitudes, 0 included) finds a step that divides them all."""
+    out, inputs = weights.shape
+    if inputs % INT4_BLOCK or out == 0:
+        return None
+    grid = _grid(weights, INT4_BLOCK, 15, tolerance)
+    if grid is None:
+        return None
+    blocks, low, levels, step, flat = grid
+    stored = step.astype(np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
+    levels = levels.astype(np.int64)
+    shift = np.where(flat, 0, 8)
+    # Shifts that keep the codes in [-8, 7], tried from 8 (the middle of a full block) outwards.
+    bad = ~_recoverable(levels - shift)
+    for candidate in (7, 9, 6, 10, 5, 11, 4, 12, 3, 13, 2, 14, 1, 15, 0):
+        if not bad.any():
+            break
+        codes = levels - candidate
+        fixed = bad & (codes.min(-1, keepdims=True) >= -8) & (codes.max(-1, keepdims=True) <= 7) & _recoverable(codes)
+        shift = np.where(fixed, candidate, shift)
+        bad &= ~fixed
+    if bad.any():
+        return None
+    codes = (levels - shift) * stored
+    offsets = low + shift * step
+    return codes.reshape(out, inputs).astype(np.float32), offsets[..., 0].astype(np.float32), INT4_BLOCK
+
+
+def finer_source(weights, tolerance=1e-5):
+    """Whether every block of 16 along the last axis of `weights` holds at most 256 evenly
+    spaced values: a source of 5 to 8 bits (GGUF's Q5_0, Q6_K, Q8_0), which int4 would cut to
+    fewer bits than it has (SmolLM2's Q8_0 token table in int4 cost 0.1 nats; in int8, nothing)."""
+    return _grid(weights, 16, 255, tolerance) is not None
+
+
+def _grid(weights, block, most, tolerance):
+    """`(blocks, low, levels, step, flat)` when every block of `block` along the last axis of
+    `weights` is `low + step * levels` with integer levels in [0, most] (float64, `(rows, n,
+    block)`, the rest `(rows, n, 1)`; `flat`: blocks of one value); else None."""
+    rows, inputs = weights.shape
+    if inputs % block or rows == 0:
+        return None
+    blocks = weights.reshape(rows, inputs // block, block).astype(np.float64)
+    low = blocks.min(-1, keepdims=True)
+    span = blocks.max(-1, keepdims=True) - low
+    gaps = np.diff(np.sort(blocks, -1), axis=-1)
+    gaps[gaps <= tolerance * span] = np.inf
+    gap = gaps.min(-1, keepdims=True)
+    del gaps
+    flat = ~np.isfinite(gap)
+    gap[flat] = 1.0
+    levels, step = np.zeros_like(blocks), np.ones_like(gap)
+    # The step is the smallest gap, or a fraction of it where no two values are neighbours:
+    # tried on the blocks not yet fitted.
+    todo = np.flatnonzero(~flat.ravel())
+    flat_blocks, flat_low, flat_span, flat_gap = (x.reshape(-1, x.shape[-1]) for x in (blocks, low, span, gap))
+    flat_levels, flat_step = levels.reshape(-1, block), step.reshape(-1, 1)
+    for parts in range(1, most + 1):
+        if not todo.size:
+            break
+        values, lows = flat_blocks[todo], flat_low[todo]
+        candidate = np.rint((values - lows) / (flat_gap[todo] / parts))
+        # The span over the most levels holds one float32 rounding; the smallest gap, two.
+        candidate_step = flat_span[todo] / np.maximum(candidate.max(-1, keepdims=True), 1)
+        scale = np.maximum(np.abs(values).max(-1, keepdims=True), np.finfo(np.float32).tiny)
+        fits = (candidate.max(-1) <= most) & np.all(
+            np.abs(values - (lows + candidate * candidate_step)) <= tolerance * scale, -1
+        )
+        flat_levels[todo[fits]], flat_step[todo[fits]] = candidate[fits], candidate_step[fits]
+        todo = todo[~fits]
+        if parts == 1 and todo.size > max(16, len(flat_blocks) // 2):  # no grid: most grids have neighbours
+            return None
+    if todo.size:
+        return None
+    return blocks, low, levels, step, flat
+
+
+def _recoverable(codes):
+    """Per block of integer `codes`, whether ai-edge-quantizer's dequantized-weight recovery gets
+    them back exactly: it takes the smallest positive gap between the sorted magnitudes, 0
+    included, as the step."""
+    magnitudes = np.sort(np.concatenate([np.abs(codes), np.zeros_like(codes[..., :1])], -1), -1)
+    gaps = np.diff(magnitudes, axis=-1).astype(np.float64)
+    gaps[gaps == 0] = np.inf
+    step = gaps.min(-1, keepdims=True)
+    step[~np.isfinite(step)] = 1
+    return np.all(np.abs(codes) % step == 0, -1, keepdims=True)
 
 
 def int4_problem(model):
