@@ -136,7 +136,8 @@ def _grid(weights, block, most, tolerance):
     rows, inputs = weights.shape
     if inputs % block or rows == 0:
         return None
-    blocks = weights.reshape(rows, inputs // block, block).astype(np.float64)
+    # C order: the loop below writes through flat views of `levels` and `step`.
+    blocks = np.ascontiguousarray(weights, np.float64).reshape(rows, inputs // block, block)
     low = blocks.min(-1, keepdims=True)
     span = blocks.max(-1, keepdims=True) - low
     gaps = np.diff(np.sort(blocks, -1), axis=-1)
@@ -145,7 +146,7 @@ def _grid(weights, block, most, tolerance):
     del gaps
     flat = ~np.isfinite(gap)
     gap[flat] = 1.0
-    levels, step = np.zeros_like(blocks), np.ones_like(gap)
+    levels, step = np.zeros(blocks.shape), np.ones(gap.shape)
     # The step is the smallest gap, or a fraction of it where no two values are neighbours:
     # tried on the blocks not yet fitted.
     todo = np.flatnonzero(~flat.ravel())
