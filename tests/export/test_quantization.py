@@ -146,7 +146,7 @@ def test_source_blocks_cut_a_4_bit_grid_into_int4_codes_and_offsets():
     error = np.abs(blocks + offsets[..., None] - weights.reshape(48, 3, 32)).max(-1)
     assert np.all(error <= 8 * 2**-8 * source_step + 1e-7)
     # The same from a transposed view (a Keras kernel is (in, out)).
-    codes_t, offsets_t, _ = quantize.source_blocks(np.asfortranarray(weights.T).T)
+    codes_t, offsets_t, _ = quantize.source_blocks(np.ascontiguousarray(weights.T).T)
     np.testing.assert_array_equal(codes_t, codes)
     np.testing.assert_array_equal(offsets_t, offsets)
     # Weights that are no 4-bit grid are left alone, and so is a grid of more levels.
