@@ -85,10 +85,11 @@ def test_the_int4_bundle_is_within_its_bound_in_the_runtime(tmp_path):
 
 
 def test_the_int4_bundle_keeps_a_4_bit_source_exact(tmp_path):
-    # A model whose projections hold Q4_1 weights and whose tied table holds Q8_0: int4 keeps
-    # the projections' own blocks (codes + float32 offsets) and the table in int8, so the
-    # bundle's logits are Keras' up to the activations' int8 rounding; with ai-edge-quantizer's
-    # plain int4 blocks they move by as much as the logits themselves.
+    # A model whose projections hold Q4_1 weights (one Q8_0) and whose tied table holds Q8_0:
+    # int4 keeps the Q4_1 projections' own blocks (codes + float32 offsets) and the table in
+    # int8, and cuts the Q8_0 projection to int4 blocks; the bundle's logits are Keras' up to
+    # the activations' int8 rounding and that projection's. With ai-edge-quantizer's plain int4
+    # blocks everywhere they move by as much as the logits themselves.
     lm = tiny_lm(64)
     rng = np.random.default_rng(0)
     for weight in lm.weights:
@@ -96,8 +97,11 @@ def test_the_int4_bundle_keeps_a_4_bit_source_exact(tmp_path):
             weight.assign(1 + rng.normal(0, 0.1, weight.shape))
             continue
         values = rng.normal(0, 0.2, weight.shape).astype(np.float32)
-        if "embeddings" in weight.path:
+        if "embeddings" in weight.path:  # a table in 8 bits stays in 8
             weight.assign(q8_0(values))
+            continue
+        if "transformer_block_1/feed_forward/output_dense" in weight.path:  # a projection in 8 bits: int4
+            weight.assign(q8_0(values.T).T)
             continue
         # (in, out) or einsum kernels: inputs first, except the output projection's (heads, dim, out).
         inputs = (
@@ -116,10 +120,10 @@ def test_the_int4_bundle_keeps_a_4_bit_source_exact(tmp_path):
     kept = quantize.quantize(float32, quantize.INT4)
     types = tensor_types(kept)
     projections = 2 * (64 * 64 + 2 * 64 * 32 + 3 * 64 * 128)
-    assert types["INT4"] >= projections // 2 and types["INT8"] >= 128 * 64  # the table in int8
-    assert types["FLOAT32"] >= projections // 32 * 4  # one float32 offset per block
+    assert types["INT4"] >= projections // 2 and types["INT8"] == 128 * 64  # the table, and only it, in int8
+    assert types["FLOAT32"] >= (projections - 128 * 64) // 32 * 4  # one float32 offset per block
     census = graph_passes.op_census(kept)
-    assert census["FULLY_CONNECTED"] >= 3 * 14  # each projection's FC, its offsets' and a sums FC
+    assert census["FULLY_CONNECTED"] >= 3 * 13  # each Q4_1 projection's FC, its offsets' and a sums FC
     scale = np.abs(keras_logits).max()
     assert difference(kept) < 0.15 * scale
     with pytest.MonkeyPatch.context() as patch:
