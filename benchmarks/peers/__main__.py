@@ -18,6 +18,9 @@ original Q4_1 GGUF, in one run, beside any kzoo bundles given.
 
     python -m benchmarks.peers [--bundle "kzoo int8=export/model_int8.litertlm" ...] [--rounds 3] \
         [--litert-torch-json peers.json] [--out peers_run.json]
+
+`--no-peers` measures the `--bundle` bundles alone (steps 3-5 without litert-torch or llama.cpp):
+kzoo's bundles against each other where the peers' environments are not installed.
 """
 
 import argparse
@@ -69,16 +72,18 @@ def llama_cpp_round(gguf):
 
 
 def speeds(bundles, gguf, rounds, bandwidth):
-    """`rounds` interleaved rounds of every bundle in LiteRT-LM and of llama.cpp on `gguf`; each
-    bundle's run records the host's read bandwidth (`bandwidth()`) taken just after it."""
-    runs = {name: [] for name in [*bundles, "llama.cpp Q4_1"]}
+    """`rounds` interleaved rounds of every bundle in LiteRT-LM and of llama.cpp on `gguf` (None:
+    no llama.cpp); each bundle's run records the host's read bandwidth (`bandwidth()`) taken just
+    after it."""
+    runs = {name: [] for name in [*bundles, *(["llama.cpp Q4_1"] if gguf else [])]}
     for _ in range(rounds):
         for name, path in bundles.items():
             quiet = wait_for_quiet(60)
             run = peers.runtime_speed(path, PROMPT_TOKENS, NEW_TOKENS)
             runs[name].append({**run, "quiet": quiet, "read_bandwidth_bytes_per_second": bandwidth()})
-        quiet = wait_for_quiet(60)
-        runs["llama.cpp Q4_1"].append({**llama_cpp_round(gguf), "quiet": quiet})
+        if gguf:
+            quiet = wait_for_quiet(60)
+            runs["llama.cpp Q4_1"].append({**llama_cpp_round(gguf), "quiet": quiet})
     rates = ("prefill_tokens_per_second", "decode_tokens_per_second")
     return {
         name: {"median": {rate: statistics.median(run[rate] for run in rows) for rate in rates}, "runs": rows}
@@ -135,15 +140,20 @@ def main():
     parser.add_argument("--litert-torch-json", help="litert_torch_export.py's record of earlier bundles")
     parser.add_argument("--bundle", action="append", default=[], help="NAME=PATH of another bundle to measure")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--no-peers", action="store_true", help="the --bundle bundles alone")
     parser.add_argument("--out")
     args = parser.parse_args()
     extra = dict(item.split("=", 1) for item in args.bundle)
-    gguf = smollm2_gguf()
+    if args.no_peers and not extra:
+        parser.error("--no-peers measures the --bundle bundles: give at least one")
+    gguf = None if args.no_peers else smollm2_gguf()
     with tempfile.TemporaryDirectory() as work:
         folder = args.folder or str(Path(work) / "smollm2_hf")
         if not args.folder:
             write_folder(folder)
-        if args.litert_torch_json:
+        if args.no_peers:
+            exported = {"bundles": {}}
+        elif args.litert_torch_json:
             exported = json.loads(Path(args.litert_torch_json).read_text())
         else:
             exported = peers.litert_torch_export(folder, Path(work) / "litert_torch")
@@ -159,7 +169,7 @@ def main():
             "cpu_flags": cpu_flags(),
             "litert_torch_export": exported,
             "bundles": records,
-            "llama_cpp_chat": peers.llama_cpp_bench(gguf, "--repeats", 0, "--chat", CHAT)["chat"],
+            "llama_cpp_chat": gguf and peers.llama_cpp_bench(gguf, "--repeats", 0, "--chat", CHAT)["chat"],
             "speed": speeds(bundles, gguf, args.rounds, bandwidth),
         }
         results["floor"] = floors(records, folder, results["speed"])
