@@ -7,7 +7,11 @@ time to read the weight. The record gives the best of `--repeats` calls of each 
 read rate of the float32 weight, each product's time over XLA's float32 one, and its largest
 difference from that one relative to the largest output.
 
-    python -m benchmarks.weight_dtypes [--rows 8192] [--columns 16384] [--repeats 7] [--out record.json]
+`--positions 1,2,5` also multiplies 2 and 5 rows at once, as a speculative decoding's check of
+k proposals multiplies k + 1 positions by every weight: read once, the weight should cost about
+what one row costs. Each product's `over_one_position` is its time over its own at 1 position.
+
+    python -m benchmarks.weight_dtypes [--rows 8192] [--columns 16384] [--repeats 7] [--positions 1] [--out record.json]
 """
 
 import argparse
@@ -15,6 +19,7 @@ import time
 
 import numpy as np
 
+from benchmarks.common import cpu_flags
 from benchmarks.common import report
 
 
@@ -51,34 +56,44 @@ def main():
     parser.add_argument("--rows", type=int, default=8192)
     parser.add_argument("--columns", type=int, default=16384)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--positions", default="1", help="comma-separated row counts of the activations")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    positions = [int(p) for p in args.positions.split(",")]
+    if 1 not in positions or min(positions) < 1:
+        parser.error(f"--positions: positive row counts, 1 among them; received {args.positions!r}")
     config.add_xla_flags()  # as `generate` compiles
     rng = np.random.default_rng(0)
     weight = rng.normal(size=(args.rows, args.columns)).astype("float32")
-    x = rng.normal(size=(1, args.rows)).astype("float32")
-    reference = None
-    results = {}
-    for name, product in products(weight).items():
-        out = product(x).numpy()  # compiled here
-        reference = out if reference is None else reference
-        seconds = []
-        for _ in range(args.repeats):
-            start = time.perf_counter()
-            product(x).numpy()
-            seconds.append(time.perf_counter() - start)
-        results[name] = {
-            "ms": round(1000 * min(seconds), 2),
-            "max_difference_over_largest": float(np.abs(out - reference).max() / np.abs(reference).max()),
-        }
-    base = results["xla_float32"]["ms"]
-    for record in results.values():
-        record["over_xla_float32"] = round(record["ms"] / base, 2)
-    float32_bytes = weight.nbytes
+    functions = products(weight)
+    by_positions = {}
+    for count in sorted(positions):
+        x = rng.normal(size=(count, args.rows)).astype("float32")
+        reference = None
+        results = {}
+        for name, product in functions.items():
+            out = product(x).numpy()  # compiled here (once per shape)
+            reference = out if reference is None else reference
+            seconds = []
+            for _ in range(args.repeats):
+                start = time.perf_counter()
+                product(x).numpy()
+                seconds.append(time.perf_counter() - start)
+            results[name] = {
+                "ms": round(1000 * min(seconds), 2),
+                "max_difference_over_largest": float(np.abs(out - reference).max() / np.abs(reference).max()),
+            }
+        base = results["xla_float32"]["ms"]
+        for name, record in results.items():
+            record["over_xla_float32"] = round(record["ms"] / base, 2)
+            record["over_one_position"] = round(record["ms"] / by_positions[1][name]["ms"], 2) if count > 1 else 1.0
+        by_positions[count] = results
+    base = by_positions[1]["xla_float32"]["ms"]
     report(
         "weight_dtypes",
-        {"weight_shape": [args.rows, args.columns], "float32_read_gb_per_s": round(float32_bytes / base / 1e6, 1)}
-        | {"products": results},
+        {"weight_shape": [args.rows, args.columns], "float32_read_gb_per_s": round(weight.nbytes / base / 1e6, 1)}
+        | {"cpu_flags": cpu_flags()}
+        | ({"products": by_positions[1]} if positions == [1] else {"products_by_positions": by_positions}),
         args.out,
     )
 
