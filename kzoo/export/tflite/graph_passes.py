@@ -214,17 +214,11 @@ def split_fully_connected(flatbuffer, split, residual_tag, offsets_tag):
                 continue
             weights = subgraph.tensors[original.inputs[1]]
             options = original.builtinOptions
-            data = model.buffers[weights.buffer].data
-            if (
-                weights.type != schema.TensorType.FLOAT32
-                or data is None
-                or len(weights.shape) != 2
-                or weights.buffer in shared
-                or options.fusedActivationFunction != schema.ActivationFunctionType.NONE
-            ):
+            if weights.buffer in shared or options.fusedActivationFunction != schema.ActivationFunctionType.NONE:
                 continue
             if weights.buffer not in splits:
-                parts = split(np.frombuffer(np.asarray(data, np.uint8).tobytes(), np.float32).reshape(weights.shape))
+                array = _constant_matrix(model, weights)
+                parts = None if array is None else split(array)
                 if parts is not None:
                     residual, offsets, block = parts
                     model.buffers[weights.buffer].data = (
@@ -320,17 +314,11 @@ def tag_tables(flatbuffer, choose, tag):
             if builtin[op.opcodeIndex] not in (lookup, fc) or len(op.inputs) < 2:
                 continue
             weights = subgraph.tensors[op.inputs[1]]
-            data = model.buffers[weights.buffer].data
-            if (
-                weights.buffer not in tables
-                or weights.type != schema.TensorType.FLOAT32
-                or data is None
-                or len(weights.shape) != 2
-            ):
+            if weights.buffer not in tables:
                 continue
             if weights.buffer not in chosen:
-                array = np.frombuffer(np.asarray(data, np.uint8).tobytes(), np.float32).reshape(weights.shape)
-                chosen[weights.buffer] = bool(choose(array))
+                array = _constant_matrix(model, weights)
+                chosen[weights.buffer] = array is not None and bool(choose(array))
             if chosen[weights.buffer]:
                 output = subgraph.tensors[op.outputs[0]]
                 name = output.name.decode() if isinstance(output.name, bytes) else output.name
@@ -339,6 +327,14 @@ def tag_tables(flatbuffer, choose, tag):
     if not count:
         return flatbuffer, 0
     return _packed(model, len(flatbuffer)), count
+
+
+def _constant_matrix(model, tensor):
+    """The float32 2-D constant `tensor` of `model` as a NumPy array (a copy), or None."""
+    data = model.buffers[tensor.buffer].data
+    if tensor.type != schema.TensorType.FLOAT32 or data is None or len(tensor.shape) != 2:
+        return None
+    return np.frombuffer(np.asarray(data, np.uint8).tobytes(), np.float32).reshape(tensor.shape)
 
 
 def _fc_options(options):

@@ -6,17 +6,15 @@ cross-entropy far more (BENCHMARKS.md).
 
 int4 keeps a 4-bit source's own blocks. A weight read from a GGUF in Q4_1 or Q4_K holds, in
 each block of 32 inputs, at most 16 evenly spaced values `offset + step * k` (k in 0..15): an
-asymmetric grid, which LiteRT's symmetric int4 blocks cannot hold (re-quantizing them cost
-SmolLM2 0.43 nats of held-out cross-entropy, the block offsets most of it). Such a weight is
-cut (`source_blocks`) into codes `step * (k - 8)`, which int4 holds exactly, and one offset per
-block, which the file applies in float32 to the sums of the input over each block
+asymmetric grid, which LiteRT's symmetric int4 blocks (a scale per block, no zero point) cannot
+hold, so that re-rounding it would cost about as much again as the source's own rounding. Such
+a weight is cut (`source_blocks`) into codes `step * (k - 8)`, which int4 holds exactly, and one
+offset per block, which the file applies in float32 to the sums of the input over each block
 (`graph_passes.split_fully_connected`): an eighth more bytes than int4 alone. A token table or
-output layer of a finer source (Q5_0, Q6_K, Q8_0: `finer_source`) is stored in int8: SmolLM2's
-Q8_0 table cost 0.1 nats in int4. Every other weight gets ai-edge-quantizer's int4 blocks. In
-Keras, with the weights alone rounded (8 x 256 held-out tokens, BENCHMARKS.md), this took
-SmolLM2-135M (Q4_1, Q8_0 table) from +0.43 nats to +0.000, and Qwen2.5-Coder-0.5B (Q4_K_M:
-mostly Q5_0, its table Q5_0 and its head Q8_0) from +0.111 to +0.074, at 480 MB of weights
-instead of 355; its finer projections in int8 too would give +0.001 at 615 MB, an int8 file.
+output layer of a finer source (Q5_0, Q6_K, Q8_0: `finer_source`) stays in int8: halving its
+bits cost more than halving all the others'. Every other weight, and every weight of a model
+trained in Keras, gets ai-edge-quantizer's int4 blocks. BENCHMARKS.md ("int4 that keeps a 4-bit
+source") has the measurements that chose this, SmolLM2 and Qwen2.5-Coder-0.5B.
 """
 
 import contextlib
@@ -99,9 +97,6 @@ def source_blocks(weights, tolerance=1e-5):
     LiteRT's int4 blocks store it; `weights` then move by at most 8 x 2^-8 of a step); each
     block's c are shifted so that ai-edge-quantizer's recovery (the smallest gap between the
     block's magnitudes, 0 included) finds a step that divides them all."""
-    out, inputs = weights.shape
-    if inputs % INT4_BLOCK or out == 0:
-        return None
     grid = _grid(weights, INT4_BLOCK, 15, tolerance)
     if grid is None:
         return None
@@ -122,13 +117,13 @@ def source_blocks(weights, tolerance=1e-5):
         return None
     codes = (levels - shift) * stored
     offsets = low + shift * step
-    return codes.reshape(out, inputs).astype(np.float32), offsets[..., 0].astype(np.float32), INT4_BLOCK
+    return codes.reshape(weights.shape).astype(np.float32), offsets[..., 0].astype(np.float32), INT4_BLOCK
 
 
 def finer_source(weights, tolerance=1e-5):
     """Whether every block of 16 along the last axis of `weights` holds at most 256 evenly
-    spaced values: a source of up to 8 bits (GGUF's Q5_0, Q6_K, Q8_0, and the 4-bit ones), which
-    int4 blocks would cut to fewer bits than a finer one has."""
+    spaced values: a GGUF source of up to 8 bits (Q5_0, Q6_K, Q8_0; the 4-bit ones too). Float
+    weights, bfloat16 ones included, hold no such grid."""
     return _grid(weights, 16, 255, tolerance) is not None
 
 
