@@ -86,10 +86,10 @@ def test_the_int4_bundle_is_within_its_bound_in_the_runtime(tmp_path):
 
 def test_the_int4_bundle_keeps_a_4_bit_source_exact(tmp_path):
     # A model whose projections hold Q4_1 weights (one Q8_0) and whose tied table holds Q8_0:
-    # int4 keeps the Q4_1 projections' own blocks (codes + float32 offsets) and the table in
-    # int8, and cuts the Q8_0 projection to int4 blocks; the bundle's logits are Keras' up to
-    # the activations' int8 rounding and that projection's. With ai-edge-quantizer's plain int4
-    # blocks everywhere they move by as much as the logits themselves.
+    # int4 keeps the Q4_1 projections' own blocks (codes + float32 offsets), and the table and
+    # the Q8_0 projection in int8; the bundle's logits are Keras' up to the activations' int8
+    # rounding. With ai-edge-quantizer's plain int4 blocks everywhere they move by as much as
+    # the logits themselves.
     lm = tiny_lm(64)
     rng = np.random.default_rng(0)
     for weight in lm.weights:
@@ -100,7 +100,7 @@ def test_the_int4_bundle_keeps_a_4_bit_source_exact(tmp_path):
         if "embeddings" in weight.path:  # a table in 8 bits stays in 8
             weight.assign(q8_0(values))
             continue
-        if "transformer_block_1/feed_forward/output_dense" in weight.path:  # a projection in 8 bits: int4
+        if "transformer_block_1/feed_forward/output_dense" in weight.path:  # a projection in 8 bits: int8
             weight.assign(q8_0(values.T).T)
             continue
         # (in, out) or einsum kernels: inputs first, except the output projection's (heads, dim, out).
@@ -120,7 +120,8 @@ def test_the_int4_bundle_keeps_a_4_bit_source_exact(tmp_path):
     kept = quantize.quantize(float32, quantize.INT4)
     types = tensor_types(kept)
     projections = 2 * (64 * 64 + 2 * 64 * 32 + 3 * 64 * 128)
-    assert types["INT4"] >= projections // 2 and types["INT8"] == 128 * 64  # the table, and only it, in int8
+    assert types["INT4"] >= projections // 2
+    assert types["INT8"] == 128 * 64 + 128 * 64  # the table and the Q8_0 projection, and only they
     assert types["FLOAT32"] >= (projections - 128 * 64) // 32 * 4  # one float32 offset per block
     census = graph_passes.op_census(kept)
     assert census["FULLY_CONNECTED"] >= 3 * 13  # each Q4_1 projection's FC, its offsets' and a sums FC

@@ -291,31 +291,23 @@ def split_fully_connected(flatbuffer, split, residual_tag, offsets_tag):
     return _packed(model, len(flatbuffer) + added), count
 
 
-def tag_tables(flatbuffer, choose, tag):
-    """The TFLite `flatbuffer` with `tag` added to the output names of the ops that read a token
-    table or an output layer whose constant float32 2-D weights `choose` accepts: the tables of
-    EMBEDDING_LOOKUP ops, and the weights of FULLY_CONNECTED ops whose output leaves a
-    subgraph (the logits), wherever else they are read (a tied table's output layer). The
-    quantizer's recipe picks ops by these names. Returns `(flatbuffer, ops tagged)`."""
+def tag_weighted_ops(flatbuffer, choose, tag):
+    """The TFLite `flatbuffer` with `tag` added to the output names of the FULLY_CONNECTED and
+    EMBEDDING_LOOKUP ops whose constant float32 2-D weights (a lookup's table) `choose` accepts;
+    the quantizer's recipe picks ops by these names. Returns `(flatbuffer, ops tagged)`."""
     model = schema.ModelT.InitFromPackedBuf(flatbuffer, 0)
-    builtin = {i: max(code.builtinCode, code.deprecatedBuiltinCode) for i, code in enumerate(model.operatorCodes)}
-    lookup, fc = schema.BuiltinOperator.EMBEDDING_LOOKUP, schema.BuiltinOperator.FULLY_CONNECTED
-    tables = set()
-    for subgraph in model.subgraphs:
-        outputs = set(subgraph.outputs)
-        for op in subgraph.operators:
-            if builtin[op.opcodeIndex] == lookup or (
-                builtin[op.opcodeIndex] == fc and outputs.intersection(op.outputs)
-            ):
-                tables.add(subgraph.tensors[op.inputs[1]].buffer)
+    weighted = {
+        i
+        for i, code in enumerate(model.operatorCodes)
+        if max(code.builtinCode, code.deprecatedBuiltinCode)
+        in (schema.BuiltinOperator.FULLY_CONNECTED, schema.BuiltinOperator.EMBEDDING_LOOKUP)
+    }
     chosen, count = {}, 0
     for subgraph in model.subgraphs:
         for op in subgraph.operators:
-            if builtin[op.opcodeIndex] not in (lookup, fc) or len(op.inputs) < 2:
+            if op.opcodeIndex not in weighted or len(op.inputs) < 2:
                 continue
             weights = subgraph.tensors[op.inputs[1]]
-            if weights.buffer not in tables:
-                continue
             if weights.buffer not in chosen:
                 array = _constant_matrix(model, weights)
                 chosen[weights.buffer] = array is not None and bool(choose(array))

@@ -10,11 +10,12 @@ asymmetric grid, which LiteRT's symmetric int4 blocks (a scale per block, no zer
 hold, so that re-rounding it would cost about as much again as the source's own rounding. Such
 a weight is cut (`source_blocks`) into codes `step * (k - 8)`, which int4 holds exactly, and one
 offset per block, which the file applies in float32 to the sums of the input over each block
-(`graph_passes.split_fully_connected`): an eighth more bytes than int4 alone. A token table or
-output layer of a finer source (Q5_0, Q6_K, Q8_0: `finer_source`) stays in int8: halving its
-bits cost more than halving all the others'. Every other weight, and every weight of a model
-trained in Keras, gets ai-edge-quantizer's int4 blocks. BENCHMARKS.md ("int4 that keeps a 4-bit
-source") has the measurements that chose this, SmolLM2 and Qwen2.5-Coder-0.5B.
+(`graph_passes.split_fully_connected`): an eighth more bytes than int4 alone. A weight of a
+finer source (Q5_0, Q6_K, Q8_0: `finer_source`) stays in int8: int4 never holds fewer bits than
+the source has (Gemma 3 270M, whose "Q4_K_M" file is mostly Q5_0 and Q8_0, lost most of a nat
+with its finer projections cut to int4). Every weight of a model trained in Keras gets
+ai-edge-quantizer's int4 blocks. BENCHMARKS.md ("int4 that keeps a 4-bit source") has the
+measurements that chose this: SmolLM2, Qwen2.5-Coder-0.5B, Gemma 3 270M.
 """
 
 import contextlib
@@ -26,7 +27,7 @@ import numpy as np
 from kzoo import logs
 from kzoo.export.tflite.graph_passes import embedding_lookups
 from kzoo.export.tflite.graph_passes import split_fully_connected
-from kzoo.export.tflite.graph_passes import tag_tables
+from kzoo.export.tflite.graph_passes import tag_weighted_ops
 
 INT8, INT4 = "int8_channelwise", "int4_blockwise32"
 INT4_BLOCK = 32
@@ -36,10 +37,10 @@ QUANTIZATIONS = {
     "(ai-edge-quantizer's dynamic_wi8_afp32)",
     INT4: f"int4 weights in blocks of {INT4_BLOCK} along each input dimension, float32 activations quantized per "
     "call (ai-edge-quantizer's dynamic_wi4b32_afp32); a 4-bit source's blocks kept exactly (int4 codes, "
-    "float32 block offsets), a 5- to 8-bit source's token table and output layer in int8 per channel",
+    "float32 block offsets), a 5- to 8-bit source's weights in int8 per channel",
 }
 # The names the int4 recipe picks ops by (`graph_passes.split_fully_connected` and
-# `graph_passes.tag_tables` write them).
+# `graph_passes.tag_weighted_ops` write them).
 SOURCE_BLOCKS, BLOCK_OFFSETS, FINER_SOURCE = "kzoo_source_blocks", "kzoo_block_offsets", "kzoo_finer_source"
 
 
@@ -52,7 +53,7 @@ def quantize(flatbuffer, conversion):
     flatbuffer = embedding_lookups(flatbuffer)
     if conversion == INT4:
         flatbuffer, _ = split_fully_connected(flatbuffer, source_blocks, SOURCE_BLOCKS, BLOCK_OFFSETS)
-        flatbuffer, _ = tag_tables(flatbuffer, finer_source, FINER_SOURCE)
+        flatbuffer, _ = tag_weighted_ops(flatbuffer, finer_source, FINER_SOURCE)
     quantizer = ai_edge_quantizer.Quantizer(flatbuffer, _recipe(conversion))
     # It prints a size summary and progress bars.
     with logs.captured_stderr(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
@@ -62,7 +63,7 @@ def quantize(flatbuffer, conversion):
 def _recipe(conversion):
     """ai-edge-quantizer's recipe: int8 per channel, or int4 in blocks of 32 (both with
     activations quantized per call) with the codes of a 4-bit source recovered exactly (its
-    dequantized-weight recovery), their block offsets left in float32, and the tables of a
+    dequantized-weight recovery), their block offsets left in float32, and the weights of a
     source of 5 to 8 bits (`finer_source`) in int8 per channel."""
     from ai_edge_quantizer import algorithm_manager
     from ai_edge_quantizer import qtyping
