@@ -172,4 +172,12 @@ def test_a_block_whose_values_skip_levels_is_still_its_own_grid_and_recovered_ex
     integers = codes / step
     assert np.array_equal(integers, np.rint(integers)) and integers.min() >= -8 and integers.max() <= 7
     assert quantize._recoverable(np.rint(integers).astype(int)).all()
+    # ai-edge-quantizer's own recovery finds that step.
+    from ai_edge_quantizer.algorithms.uniform_quantize import dequantized_weight_recovery
+
+    _, scales = dequantized_weight_recovery.get_zp_scale_from_dequantized_symmetric_weights(
+        codes, quantized_dimension=1, block_size=32
+    )
+    recovered = codes / scales.reshape(1, 1)
+    assert np.array_equal(recovered, np.rint(recovered)) and np.abs(recovered).max() <= 8
     np.testing.assert_array_equal(codes + offsets, weights)
