@@ -229,13 +229,13 @@ def split_fully_connected(flatbuffer, split, residual_tag, offsets_tag):
                         ones = np.arange(inputs) // block == np.arange(inputs // block)[:, None]
                         sum_buffers[inputs, block] = constant(ones)
                         added += ones.size * 4
-                    parts = (constant(offsets), offsets.shape, sum_buffers[inputs, block], block)
+                    parts = (constant(offsets), offsets.shape, sum_buffers[inputs, block])
                     added += offsets.size * 4
                 splits[weights.buffer] = parts
             parts = splits[weights.buffer]
             if parts is None:
                 continue
-            offsets_buffer, offsets_shape, sum_buffer, block = parts
+            offsets_buffer, offsets_shape, sum_buffer = parts
             output = subgraph.tensors[original.outputs[0]]
             output_name = output.name.decode() if isinstance(output.name, bytes) else output.name
             signature = None if output.shapeSignature is None else list(output.shapeSignature)
