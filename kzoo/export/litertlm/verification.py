@@ -13,7 +13,7 @@ from kzoo.export.litertlm.bundle import llm_metadata
 from kzoo.export.litertlm.bundle import runtime_chat_template
 from kzoo.export.litertlm.bundle import write_bundle
 from kzoo.export.litertlm.signatures import RuntimeSignatures
-from kzoo.export.tflite.convert import convert
+from kzoo.export.tflite import placeholders
 from kzoo.export.tflite.graph_passes import op_census
 from kzoo.export.tflite.quantize import quantize
 
@@ -62,6 +62,10 @@ class Bundles:
 
         self.exported = hugging_face_tokenizer(tokenizer)
         self.signatures = RuntimeSignatures(model, cache_length, lengths, spans)
+        # The float32 file is converted from placeholders (`placeholders.converted`): the same
+        # file, without the converter's copies of the weights.
+        self._trace = lambda: RuntimeSignatures(model, cache_length, lengths, spans)
+        self._model = model
         chat_template = self.exported.chat_template and runtime_chat_template(
             self.exported.chat_template, getattr(tokenizer, "special_tokens_map", {}), self.exported.start_token_id
         )
@@ -90,7 +94,9 @@ class Bundles:
         """
         start = time.perf_counter()
         if self._float32 is None:  # converted once, quantized per bundle
-            self._float32 = convert(self.signatures, "tflite_fp32")
+            signatures = self.signatures
+            sizes = (signatures.cache_length, *signatures.prefill_lengths, *(signatures.spans or ()))
+            self._float32 = placeholders.converted(self._model, self._trace, sizes)
         flatbuffer = self._float32 if conversion == "tflite_fp32" else quantize(self._float32, conversion)
         memory.release_freed_memory()  # the converter's or the quantizer's, before LiteRT loads the model
         write_bundle(path, flatbuffer, self.exported.tokenizer.to_str(), self.metadata)

@@ -22,7 +22,7 @@ TFLITE_FORMATS = {
 }
 
 
-def convert(signatures, tflite_format, representative_dataset=None, generation=True):
+def convert(signatures, tflite_format, representative_dataset=None, generation=True, fuse_scales=True):
     """Converts a model's `ServingSignatures` to a TFLite flatbuffer with builtin ops only.
 
     Args:
@@ -33,6 +33,9 @@ def convert(signatures, tflite_format, representative_dataset=None, generation=T
         representative_dataset: for "tflite_int8", a callable returning an
             iterator of `(signature_key, {input_name: array})`.
         generation: bool, include `prefill` and `decode` where the model has them.
+        fuse_scales: bool, let the converter fold a multiplication (a norm's scale) into the next
+            fully connected layer's weights; False keeps it an op of its own (never where the
+            embeddings are tied: see below).
 
     Returns:
         The flatbuffer (bytes), with `signatures.info` as its `kzoo_model` metadata (JSON)
@@ -51,7 +54,7 @@ def convert(signatures, tflite_format, representative_dataset=None, generation=T
     variables.model_variables = captured_variables(functions)
     converter = tf.lite.TFLiteConverter.from_concrete_functions(functions, variables)
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
-    if signatures.tied_embeddings:
+    if signatures.tied_embeddings or not fuse_scales:
         # The converter folds a norm's scale into the next layer's weights; folded into a tied
         # token table, it makes the output projection a second table beside the lookup's.
         _compat.disable_fuse_mul_and_fc(converter)

@@ -49,7 +49,7 @@ def shared_subgraphs(flatbuffer):
                     setattr(options, name, _renumbered(value, renumber))
     for signature in model.signatureDefs or []:
         signature.subgraphIndex = renumber[signature.subgraphIndex]
-    return _packed(model, len(flatbuffer))
+    return packed(model, len(flatbuffer))
 
 
 def _subgraph_fields(options):
@@ -111,7 +111,7 @@ def with_metadata(flatbuffer, name, data):
     entry.name = name
     entry.buffer = len(model.buffers) - 1
     model.metadata = [*(model.metadata or []), entry]
-    return _packed(model, len(flatbuffer) + len(data))
+    return packed(model, len(flatbuffer) + len(data))
 
 
 def embedding_lookups(flatbuffer):
@@ -145,7 +145,7 @@ def embedding_lookups(flatbuffer):
                 op.opcodeIndex = len(model.operatorCodes) - 1
                 op.inputs = [op.inputs[1], op.inputs[0]]  # EMBEDDING_LOOKUP(ids, table)
                 op.builtinOptionsType, op.builtinOptions = schema.BuiltinOptions.NONE, None
-    return _packed(model, len(flatbuffer))
+    return packed(model, len(flatbuffer))
 
 
 def split_fully_connected(flatbuffer, split, residual_tag, offsets_tag):
@@ -288,7 +288,7 @@ def split_fully_connected(flatbuffer, split, residual_tag, offsets_tag):
         subgraph.operators = operators
     if not count:
         return flatbuffer, 0
-    return _packed(model, len(flatbuffer) + added), count
+    return packed(model, len(flatbuffer) + added), count
 
 
 def tag_weighted_ops(flatbuffer, choose, tag):
@@ -318,7 +318,7 @@ def tag_weighted_ops(flatbuffer, choose, tag):
                 count += 1
     if not count:
         return flatbuffer, 0
-    return _packed(model, len(flatbuffer)), count
+    return packed(model, len(flatbuffer)), count
 
 
 def _constant_matrix(model, tensor):
@@ -337,7 +337,7 @@ def _fc_options(options):
     return new
 
 
-def _packed(model, size):
+def packed(model, size):
     """`model` (a `schema.ModelT`) packed into flatbuffer bytes, in a builder made `size` bytes
     (about the file's) and a little more, and copied out once. A flatbuffers builder that runs out
     of room doubles, holding its old bytes beside the new, and `Builder.Output` is a copy: from a

@@ -1,0 +1,120 @@
+"""A decoder converted from placeholders (`kzoo.export.tflite.placeholders`) is the file the
+converter makes from the weights themselves: LiteRT's logits agree bit for bit, in every family,
+while the converter holds one block's weights per kind of block and a small vocabulary."""
+
+import io
+
+import numpy as np
+import pytest
+
+from kzoo import models
+from kzoo.checkpoints.families import FAMILIES
+from kzoo.export import litertlm_model
+from kzoo.export.litertlm import RuntimeSignatures
+from kzoo.export.tflite import placeholders
+from kzoo.export.tflite.convert import convert
+from tests.export.tiny_models import build
+from tests.export.tiny_models import redraw
+from tests.models.tiny_models import decoder_backbone
+
+CACHE_LENGTH = 16
+# Gemma 3: two kinds of block (sliding and global), QK-norm, a logit soft cap the converter
+# divides the head's table by; Qwen 2: biases, three blocks of one kind.
+FAST = ("gemma3_text", "qwen2")
+
+
+def decoder(family, vocabulary_size):
+    """A tiny decoder of `family`, every weight drawn: the norms' scales too, which the converter
+    would fold into the next weights if it were let (a product no placeholder stands for)."""
+    layers = {} if family.startswith("gemma") else {"num_hidden_layers": 3}  # Gemma's layer types list two
+    tied = family == "gemma3_text"  # a tied table, the others an untied head
+    backbone = decoder_backbone(family, vocab_size=vocabulary_size, tie_word_embeddings=tied, **layers)
+    lm = redraw(models.CausalLM(backbone))
+    rng = np.random.default_rng(1)
+    for weight in lm.weights:
+        if len(weight.shape) == 1:
+            weight.assign(1.0 + rng.normal(0.0, 0.2, weight.shape).astype("float32"))
+    return lm
+
+
+def weights_converted(lm):
+    """The file the converter makes from the weights themselves, its norms' scales kept as ops."""
+    return convert(RuntimeSignatures(lm, CACHE_LENGTH), "tflite_fp32", fuse_scales=False)
+
+
+def decode_logits(flatbuffer, vocabulary_size):
+    row = np.random.default_rng(0).integers(1, vocabulary_size, 12)
+    return litertlm_model.teacher_forced_logits(flatbuffer, row, 2)
+
+
+def converted(lm, record=None):
+    """`placeholders.converted` of `lm`'s runtime signatures; `record` gets the converter's file size."""
+    original = placeholders.convert
+
+    def spy(signatures, tflite_format, **kwargs):
+        flatbuffer = original(signatures, tflite_format, **kwargs)
+        if record is not None:
+            record.append(len(flatbuffer))
+        return flatbuffer
+
+    placeholders.convert = spy
+    try:
+        return placeholders.converted(lm, lambda: RuntimeSignatures(lm, CACHE_LENGTH), (CACHE_LENGTH,))
+    finally:
+        placeholders.convert = original
+
+
+@pytest.mark.parametrize(
+    "family", [pytest.param(family, marks=[] if family in FAST else pytest.mark.slow) for family in FAMILIES]
+)
+@pytest.mark.parametrize("vocabulary_size", [300, 5000])  # the second above the stand-in vocabulary
+def test_the_file_is_the_one_converted_from_the_weights(family, vocabulary_size):
+    if FAMILIES[family].text_family is not None:
+        pytest.skip("a multimodal family exports its text decoder (the text family's test)")
+    lm = decoder(family, vocabulary_size)
+    expected = decode_logits(weights_converted(lm), vocabulary_size)
+    sizes = []
+    logits = decode_logits(converted(lm, sizes), vocabulary_size)
+    np.testing.assert_array_equal(logits, expected)
+    if vocabulary_size == 5000:  # the converter held the stand-in vocabulary, not 5,000 rows
+        assert placeholders.Placeholders(lm, (CACHE_LENGTH,)).stand_in_vocabulary < 1000
+
+
+def test_the_converter_holds_one_block_per_kind_and_a_small_table():
+    lm = redraw(models.CausalLM(decoder_backbone("llama", num_hidden_layers=6, vocab_size=20_000)))
+    stand_ins = placeholders.Placeholders(lm, (CACHE_LENGTH,))
+    block = sum(int(np.prod(v.shape)) for v in lm.backbone.transformer_blocks[0].weights if len(v.shape) >= 2)
+    table = stand_ins.stand_in_vocabulary * lm.backbone.hidden_dim
+    held = sum(int(np.prod(p.variable.shape)) for p in stand_ins.placeholders)
+    assert held == block + table
+    sizes = []
+    flatbuffer = converted(lm, sizes)
+    assert sizes[0] < len(flatbuffer) / 5  # the converter's file, beside the one written
+    assert len(flatbuffer) > 4 * lm.count_params()  # every weight in float32
+
+
+def test_weights_after_the_flatbuffer_at_offsets_load_in_litert():
+    lm = build("gpt", vocabulary_size=128, max_sequence_length=32)
+    stand_ins = placeholders.Placeholders(lm, (CACHE_LENGTH,))
+    with stand_ins:
+        signatures = RuntimeSignatures(lm, CACHE_LENGTH)
+    model, readers = placeholders.resolve(convert(signatures, "tflite_fp32", fuse_scales=False), stand_ins)
+    file = io.BytesIO()
+    written = placeholders.write(file, model, readers)
+    data = file.getvalue()
+    assert written == len(data) and all(model.buffers[i].offset % 64 == 0 for i in readers)
+    assert min(model.buffers[i].offset for i in readers) > 1
+    expected = decode_logits(weights_converted(lm), 128)
+    np.testing.assert_array_equal(decode_logits(data, 128), expected)
+
+
+def test_a_fold_it_cannot_map_is_refused():
+    lm = decoder("llama", 300)
+    stand_ins = placeholders.Placeholders(lm, (CACHE_LENGTH,))
+    stand_in = np.asarray(stand_ins.placeholders[0].variable.numpy()).reshape(-1)
+    assert placeholders._source(stand_in, stand_ins).index.tolist() == list(range(stand_in.size))
+    assert placeholders._source(stand_in / np.float32(6.0), stand_ins).fold[1] == np.float32(6.0)
+    with pytest.raises(ValueError, match="cannot map back"):
+        placeholders._source(np.sqrt(stand_in), stand_ins)  # no transpose, reshape or scalar
+    ones = np.ones(stand_in.size, np.float32)  # close to proportional, yet no fold
+    assert placeholders._source(ones, stand_ins) is None
