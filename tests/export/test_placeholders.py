@@ -11,7 +11,9 @@ from kzoo import models
 from kzoo.checkpoints.families import FAMILIES
 from kzoo.export import litertlm_model
 from kzoo.export.litertlm import RuntimeSignatures
+from kzoo.export.tflite import graph_passes
 from kzoo.export.tflite import placeholders
+from kzoo.export.tflite import quantize
 from kzoo.export.tflite.convert import convert
 from tests.export.tiny_models import build
 from tests.export.tiny_models import redraw
@@ -23,12 +25,12 @@ CACHE_LENGTH = 16
 FAST = ("gemma3_text", "qwen2")
 
 
-def decoder(family, vocabulary_size):
+def decoder(family, vocabulary_size, **sizes):
     """A tiny decoder of `family`, every weight drawn: the norms' scales too, which the converter
     would fold into the next weights if it were let (a product no placeholder stands for)."""
     layers = {} if family.startswith("gemma") else {"num_hidden_layers": 3}  # Gemma's layer types list two
     tied = family == "gemma3_text"  # a tied table, the others an untied head
-    backbone = decoder_backbone(family, vocab_size=vocabulary_size, tie_word_embeddings=tied, **layers)
+    backbone = decoder_backbone(family, vocab_size=vocabulary_size, tie_word_embeddings=tied, **layers, **sizes)
     lm = redraw(models.CausalLM(backbone))
     rng = np.random.default_rng(1)
     for weight in lm.weights:
@@ -100,7 +102,7 @@ def test_weights_after_the_flatbuffer_at_offsets_load_in_litert():
         signatures = RuntimeSignatures(lm, CACHE_LENGTH)
     model, readers = placeholders.resolve(convert(signatures, "tflite_fp32", fuse_scales=False), stand_ins)
     file = io.BytesIO()
-    written = placeholders.write(file, model, readers)
+    written = graph_passes.write(file, model, readers)
     data = file.getvalue()
     assert written == len(data) and all(model.buffers[i].offset % 64 == 0 for i in readers)
     assert min(model.buffers[i].offset for i in readers) > 1
@@ -118,3 +120,19 @@ def test_a_fold_it_cannot_map_is_refused():
         placeholders._source(np.sqrt(stand_in), stand_ins)  # no transpose, reshape or scalar
     ones = np.ones(stand_in.size, np.float32)  # close to proportional, yet no fold
     assert placeholders._source(ones, stand_ins) is None
+
+
+@pytest.mark.parametrize("conversion", [quantize.INT8, quantize.INT4])
+def test_a_file_with_weights_at_offsets_quantizes_as_one_without(conversion):
+    # Past 2 GB (a float32 0.5B model) the weights can only be stored after the flatbuffer: the
+    # quantizer and kzoo's passes before it read them there.
+    lm = decoder("qwen2", 300, hidden_size=64, intermediate_size=64)  # int4 blocks of 32 inputs
+    inline = weights_converted(lm)
+    model = graph_passes.unpacked(inline)
+    large = {i: (lambda d=b.data: d) for i, b in enumerate(model.buffers) if b.data is not None and len(b.data) >= 1024}
+    file = io.BytesIO()
+    graph_passes.write(file, model, large)
+    outside = file.getvalue()
+    assert len(large) > 10 and graph_passes.unpacked(outside).buffers[max(large)].data is not None
+    expected = decode_logits(quantize.quantize(inline, conversion), 300)
+    np.testing.assert_array_equal(decode_logits(quantize.quantize(outside, conversion), 300), expected)

@@ -2,12 +2,17 @@
 the export reports read from it. Every use of LiteRT's flatbuffer schema is here."""
 
 import collections
+import io
 
 import flatbuffers
 import numpy as np
 from ai_edge_litert import schema_py_generated as schema
-from ai_edge_litert.tools import flatbuffer_utils
 
+# A flatbuffer addresses at most 2 GB; a file about that large or larger keeps its buffers of
+# `_OUTSIDE_BYTES` or more after it (`write`), at offsets aligned to `_ALIGNMENT` bytes.
+FLATBUFFER_LIMIT = (1 << 31) - (64 << 20)
+_OUTSIDE_BYTES = 1024
+_ALIGNMENT = 64
 _OP_NAMES = {code: name for name, code in vars(schema.BuiltinOperator).items() if not name.startswith("_")}
 
 
@@ -24,9 +29,7 @@ def shared_subgraphs(flatbuffer):
     model = schema.Model.GetRootAs(flatbuffer, 0)
     if model.SubgraphsLength() <= model.SignatureDefsLength():
         return flatbuffer
-    model = schema.ModelT.InitFromPackedBuf(flatbuffer, 0)
-    if any(buffer.offset > 1 for buffer in model.buffers):  # data stored after the flatbuffer: left as is
-        return flatbuffer
+    model = unpacked(flatbuffer)
     signed = {signature.subgraphIndex for signature in model.signatureDefs or []} | {0}
     canonical = list(range(len(model.subgraphs)))
     while True:
@@ -103,7 +106,7 @@ def _renumbered(value, index):
 
 def with_metadata(flatbuffer, name, data):
     """The TFLite `flatbuffer` with one more metadata entry, `name`, holding the bytes `data`."""
-    model = flatbuffer_utils.read_model_from_bytearray(flatbuffer)
+    model = unpacked(flatbuffer)
     buffer = schema.BufferT()
     buffer.data = np.frombuffer(data, np.uint8)
     model.buffers.append(buffer)
@@ -119,7 +122,7 @@ def embedding_lookups(flatbuffer):
     of rows (axis 0) of a constant 2-D table by 1-D ids. The two compute the same; the quantizer
     stores an EMBEDDING_LOOKUP's table in int4, and leaves a GATHER's in float32, where a tied
     table would stay in float32 beside its int4 copy (the output layer's), larger than the int8 file."""
-    model = schema.ModelT.InitFromPackedBuf(flatbuffer, 0)
+    model = unpacked(flatbuffer)
     gathers = {
         index
         for index, code in enumerate(model.operatorCodes)
@@ -159,7 +162,7 @@ def split_fully_connected(flatbuffer, split, residual_tag, offsets_tag):
     The residual FCs' outputs are named with `residual_tag` and the two new FCs' with
     `offsets_tag` (the quantizer's recipe picks ops by these names). Weights also read by
     another kind of op (a tied table's lookup) are left alone. Returns `(flatbuffer, ops split)`."""
-    model = schema.ModelT.InitFromPackedBuf(flatbuffer, 0)
+    model = unpacked(flatbuffer)
     builtin = {max(code.builtinCode, code.deprecatedBuiltinCode): i for i, code in enumerate(model.operatorCodes)}
     fc = builtin.get(schema.BuiltinOperator.FULLY_CONNECTED)
     if fc is None:
@@ -295,7 +298,7 @@ def tag_weighted_ops(flatbuffer, choose, tag):
     """The TFLite `flatbuffer` with `tag` added to the output names of the FULLY_CONNECTED and
     EMBEDDING_LOOKUP ops whose constant float32 2-D weights (a lookup's table) `choose` accepts;
     the quantizer's recipe picks ops by these names. Returns `(flatbuffer, ops tagged)`."""
-    model = schema.ModelT.InitFromPackedBuf(flatbuffer, 0)
+    model = unpacked(flatbuffer)
     weighted = {
         i
         for i, code in enumerate(model.operatorCodes)
@@ -337,14 +340,88 @@ def _fc_options(options):
     return new
 
 
+def unpacked(flatbuffer):
+    """The TFLite `flatbuffer` as a `schema.ModelT`, the data of buffers stored after the
+    flatbuffer (at offsets: `write`) read in place, as views of `flatbuffer`."""
+    model = schema.ModelT.InitFromPackedBuf(flatbuffer, 0)
+    for buffer in model.buffers:
+        if buffer.offset > 1:
+            buffer.data = np.frombuffer(flatbuffer, np.uint8, buffer.size, buffer.offset)
+            buffer.offset = buffer.size = 0
+    return model
+
+
 def packed(model, size):
-    """`model` (a `schema.ModelT`) packed into flatbuffer bytes, in a builder made `size` bytes
-    (about the file's) and a little more, and copied out once. A flatbuffers builder that runs out
-    of room doubles, holding its old bytes beside the new, and `Builder.Output` is a copy: from a
-    small builder, the bytes of a model's weights were held up to four times over."""
+    """`model` (a `schema.ModelT`) as TFLite bytes: one flatbuffer where `size` (about the file's
+    bytes) leaves room under the 2 GB a flatbuffer can address, else the flatbuffer followed by
+    the data of its larger buffers at offsets (`write`).
+
+    The flatbuffer is packed in a builder made `size` bytes and a little more, and copied out
+    once. A flatbuffers builder that runs out of room doubles, holding its old bytes beside the
+    new, and `Builder.Output` is a copy: from a small builder, the bytes of a model's weights
+    were held up to four times over."""
+    if size >= FLATBUFFER_LIMIT:
+        large = {
+            index: (lambda data=buffer.data: data)
+            for index, buffer in enumerate(model.buffers)
+            if buffer.data is not None and len(buffer.data) >= _OUTSIDE_BYTES
+        }
+        file = io.BytesIO()
+        write(file, model, large)
+        return file.getvalue()
     builder = flatbuffers.Builder(size + (1 << 20))
     builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
     return bytes(memoryview(builder.Bytes)[builder.Head() :])
+
+
+def write(file, model, readers):
+    """Writes `model` (a `schema.ModelT`) to the binary `file` as a TFLite file whose buffers
+    `readers` names are stored after the flatbuffer, at 64-byte aligned offsets (TFLite's layout
+    for files past 2 GB), each read by its function (its bytes or a NumPy array) only when it is
+    written, one at a time. Returns the bytes written."""
+    order = sorted(readers)
+    lengths = {}
+    for index in order:
+        data = model.buffers[index].data
+        lengths[index] = len(data) if data is not None else _byte_length(model, index)
+        model.buffers[index].data = None
+    # The offsets take eight bytes each once set: packed first with offsets past 2^32 to learn the
+    # flatbuffer's size, then with the real ones.
+    for index in order:
+        model.buffers[index].offset, model.buffers[index].size = 1 << 40, lengths[index]
+    head = len(packed(model, 0))
+    offset = _aligned(head)
+    for index in order:
+        model.buffers[index].offset = offset
+        offset = _aligned(offset + lengths[index])
+    flatbuffer = packed(model, head)
+    if len(flatbuffer) != head:
+        raise AssertionError("The flatbuffer's size changed with its offsets.")
+    file.write(flatbuffer)
+    position = head
+    for index in order:
+        data = memoryview(np.ascontiguousarray(readers[index]())).cast("B")
+        if data.nbytes != lengths[index]:
+            raise AssertionError(f"Buffer {index} has {data.nbytes} bytes, its tensor {lengths[index]}.")
+        file.write(b"\0" * (model.buffers[index].offset - position))
+        file.write(data)
+        position = model.buffers[index].offset + data.nbytes
+        del data
+    return position
+
+
+def _byte_length(model, buffer_index):
+    """The bytes of the tensor that reads `buffer_index` (its shape's elements x its type's size)."""
+    sizes = {schema.TensorType.FLOAT32: 4, schema.TensorType.INT32: 4, schema.TensorType.INT8: 1}
+    for subgraph in model.subgraphs:
+        for tensor in subgraph.tensors:
+            if tensor.buffer == buffer_index:
+                return sizes[tensor.type] * int(np.prod(tensor.shape))
+    raise AssertionError(f"No tensor reads buffer {buffer_index}.")
+
+
+def _aligned(offset):
+    return -(-offset // _ALIGNMENT) * _ALIGNMENT
 
 
 def op_census(flatbuffer):

@@ -17,9 +17,9 @@ Each placeholder element holds a float32 value no other element of the model's p
 placeholder elements it holds, in which order: the converter's transposes and reshapes are read off
 the file, not assumed. `resolve` then gives each use of a shared placeholder, in the order the ops
 run (block 0 before block 1), its own buffer of the real weights, sets the vocabulary back, and
-`write` streams the file: the small flatbuffer, then each weight, read from its Keras variable one
-at a time, at an offset after it (TFLite's buffers past the flatbuffer, which also lets a file pass
-the 2 GB a flatbuffer can address).
+`converted` writes the file, each weight read from its Keras variable one at a time: inside the
+flatbuffer, or for a file past 2 GB, after it at an offset (TFLite's layout, which lets a file pass
+the 2 GB a flatbuffer can address: `graph_passes.write`).
 """
 
 import dataclasses
@@ -30,13 +30,12 @@ import numpy as np
 from ai_edge_litert import schema_py_generated as schema
 
 from kzoo.export import memory
+from kzoo.export.tflite import graph_passes
 from kzoo.export.tflite.convert import convert
-from kzoo.export.tflite.graph_passes import packed
 
 # Placeholder values: consecutive float32 bit patterns from 2^20 up, far from any constant a
 # decoder computes (masks, rotary tables, scales are at most a few thousand in magnitude).
 _FIRST_BITS = np.uint32(0x49800000)
-_ALIGNMENT = 64
 # A float32 constant of 16 or more values, nine in ten of them at least this in magnitude (and below
 # 1e20), is taken for a placeholder's fold: a decoder's own constants (rotary tables, scales) are
 # far smaller, its masks' fill values far larger.
@@ -332,8 +331,8 @@ def converted(model, trace, sizes=()):
     then given them (see the module docstring): the same file as `convert.convert(trace(),
     "tflite_fp32")`, made without the converter's copies of the weights.
 
-    The weights are inside the flatbuffer where it stays under 2 GB (the quantizers read them
-    there), else stored after it at offsets (`write`).
+    The weights are inside the flatbuffer where it stays under 2 GB, else stored after it at
+    offsets (`graph_passes.write`).
 
     Args:
         model: a causal LM with `backbone.transformer_blocks`.
@@ -349,58 +348,19 @@ def converted(model, trace, sizes=()):
     del signatures
     resolved, readers = resolve(small, stand_ins)
     del small
-    total = sum(_byte_length(resolved, index) for index in readers)
-    if total < (1 << 31) - (64 << 20):
+    total = sum(4 * int(np.prod(keras.ops.shape(source))) for source in _real_sources(stand_ins))
+    if total < graph_passes.FLATBUFFER_LIMIT:
         for index, read in readers.items():
             resolved.buffers[index].data = np.frombuffer(np.ascontiguousarray(read(), np.float32), np.uint8)
-        flatbuffer = packed(resolved, total)
+        flatbuffer = graph_passes.packed(resolved, total)
     else:
         file = io.BytesIO()
-        write(file, resolved, readers)
+        graph_passes.write(file, resolved, readers)
         flatbuffer = file.getvalue()
     del resolved, readers
     memory.release_freed_memory()
     return flatbuffer
 
 
-def write(file, model, readers):
-    """Writes the TFLite file of `resolve`'s `model` to the binary `file`: the flatbuffer, then
-    each buffer of `readers`, read one at a time, at a 64-byte aligned offset after it. Returns
-    the bytes written."""
-    # Offsets of eight bytes each: pack once with offsets past 2^32 to learn the flatbuffer's size.
-    order = sorted(readers)
-    lengths = {index: _byte_length(model, index) for index in order}
-    for index in order:
-        model.buffers[index].offset, model.buffers[index].size = 1 << 40, lengths[index]
-    head = len(packed(model, 0))
-    offset = _aligned(head)
-    for index in order:
-        model.buffers[index].offset = offset
-        offset = _aligned(offset + lengths[index])
-    flatbuffer = packed(model, head)
-    if len(flatbuffer) != head:
-        raise AssertionError("The flatbuffer's size changed with its offsets.")
-    file.write(flatbuffer)
-    position = head
-    for index in order:
-        values = np.ascontiguousarray(readers[index](), np.float32)
-        if values.nbytes != lengths[index]:
-            raise AssertionError("A weight's bytes differ from its tensor's.")
-        file.write(b"\0" * (model.buffers[index].offset - position))
-        file.write(memoryview(values).cast("B"))
-        position = model.buffers[index].offset + values.nbytes
-        del values
-    return position
-
-
-def _byte_length(model, buffer_index):
-    """The bytes of the float32 tensor that reads `buffer_index` (its shape's elements x 4)."""
-    for subgraph in model.subgraphs:
-        for tensor in subgraph.tensors:
-            if tensor.buffer == buffer_index:
-                return 4 * int(np.prod(tensor.shape))
-    raise AssertionError(f"No tensor reads buffer {buffer_index}.")
-
-
-def _aligned(offset):
-    return -(-offset // _ALIGNMENT) * _ALIGNMENT
+def _real_sources(placeholders):
+    return [source for placeholder in placeholders.placeholders for source in placeholder.sources]
