@@ -335,7 +335,9 @@ def _read(path, begin, end):
 def teacher_forced_logits(tflite_model, token_ids, num_threads=2):
     """The next-token logits `(T, V)` at every position of `token_ids` (T ints), computed by
     the `decode` signature of a bundle's TFLite model one token at a time in LiteRT: what the
-    runtime computes, without its sampler.
+    runtime computes, without its sampler. Given rows `(N, T)`, the logits `(N, T, V)`, each row
+    from an empty cache, the model compiled once for all of them (each compilation packs a copy
+    of the weights).
 
     As LiteRT-LM's CPU executor does, one buffer holds each `kv_cache_*` tensor, bound as the
     signature's input and as its output of the same name, so that each step updates the cache
@@ -350,23 +352,28 @@ def teacher_forced_logits(tflite_model, token_ids, num_threads=2):
     from ai_edge_litert.options import CpuOptions
     from ai_edge_litert.options import Options
 
+    token_ids = np.asarray(token_ids)
+    rows = token_ids.reshape(-1, token_ids.shape[-1])
     # Its own environment, closed here: the default one lives until the process exits, and logs then.
     environment = Environment.create(runtime_path=str(Path(ai_edge_litert.__file__).parent))
     options = Options(cpu_options=CpuOptions(num_threads=num_threads))
     model = CompiledModel.from_buffer(bytes(tflite_model), environment=environment, options=options)
     details = model.get_input_tensor_details("decode")
     inputs = {name: model.create_input_buffer_by_name("decode", name) for name in details}
-    for name, tensor in details.items():
-        inputs[name].write(np.zeros(tensor["shape"], tensor["dtype"]))
     logits = model.create_output_buffer_by_name("decode", "logits")
     outputs = {"logits": logits, **{name: buffer for name, buffer in inputs.items() if name.startswith("kv_cache_")}}
     size = model.get_output_tensor_details("decode")["logits"]["shape"][-1]  # (1, 1, V)
-    rows = []
-    for position, token in enumerate(token_ids):
-        inputs["tokens"].write(np.asarray([[token]], np.int32))
-        inputs["input_pos"].write(np.asarray([position], np.int32))
-        model.run_by_name("decode", inputs, outputs)
-        rows.append(logits.read(size, np.float32))
+    result = []
+    for row in rows:
+        for name, tensor in details.items():  # an empty cache for each row
+            inputs[name].write(np.zeros(tensor["shape"], tensor["dtype"]))
+        steps = []
+        for position, token in enumerate(row):
+            inputs["tokens"].write(np.asarray([[token]], np.int32))
+            inputs["input_pos"].write(np.asarray([position], np.int32))
+            model.run_by_name("decode", inputs, outputs)
+            steps.append(logits.read(size, np.float32))
+        result.append(np.stack(steps))
     model.close()
     environment.close()
-    return np.stack(rows)
+    return np.stack(result).reshape(*token_ids.shape, size)

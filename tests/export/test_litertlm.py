@@ -140,6 +140,15 @@ def test_the_check_in_place_gives_the_logits_of_decode_with_the_cache_passed_alo
         np.testing.assert_array_equal(litertlm_model.teacher_forced_logits(flatbuffer, tokens), expected)
 
 
+def test_rows_checked_together_give_the_logits_of_each_row_alone(exported):
+    flatbuffer = litertlm_model.read_tflite_model(exported[0] / "export" / "model.litertlm")
+    rows = np.random.default_rng(1).integers(1, 128, (2, 12))
+    together = litertlm_model.teacher_forced_logits(flatbuffer, rows)  # one compiled model for both
+    assert together.shape == (2, 12, 128)
+    for row, logits in zip(rows, together):
+        np.testing.assert_array_equal(litertlm_model.teacher_forced_logits(flatbuffer, row), logits)
+
+
 def test_a_prefill_chunk_past_the_cache_fails_instead_of_overwriting_it(exported):
     flatbuffer = litertlm_model.read_tflite_model(exported[0] / "export" / "model.litertlm")
     prefill = Interpreter(model_content=flatbuffer).get_signature_runner("prefill_16")

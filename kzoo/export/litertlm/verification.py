@@ -102,9 +102,7 @@ class Bundles:
         write_bundle(path, flatbuffer, self.exported.tokenizer.to_str(), self.metadata)
         seconds = time.perf_counter() - start
         with logs.captured_stderr():  # LiteRT logs its CPU delegate
-            logits = np.stack(
-                [litertlm_model.teacher_forced_logits(flatbuffer, row, self.num_threads) for row in self.token_ids]
-            )
+            logits = litertlm_model.teacher_forced_logits(flatbuffer, self.token_ids, self.num_threads)
         quality = verification.quality(logits, self.targets, self.weights, self.logits)
         quality["keras_cross_entropy"] = self.keras_cross_entropy
         quality["cross_entropy_increase"] = quality["cross_entropy"] - self.keras_cross_entropy
