@@ -1,7 +1,7 @@
 """How much memory an export needs, and whether the host has it: `check_memory`.
 
-An export holds several copies of the model's weights at once (the Keras variables, TensorFlow's
-converter, the flatbuffer bytes, the quantizer's, LiteRT's packed weights in the checks), so its
+An export holds several copies of the model's weights at once (the Keras variables, the flatbuffer
+bytes, the quantizer's, LiteRT's packed weights in the checks), so its
 peak grows with the model's float32 weight bytes W. `estimated_peak_bytes` models it as
 
     peak = WEIGHT_COPIES x W + CHECK_COPIES x (cache bytes + logits bytes) + BASE_BYTES
@@ -10,15 +10,15 @@ where the cache bytes are one bundle's KV cache (layers x 2 x KV heads x cache l
 x 4 bytes) and the logits bytes those of the LiteRT-LM check, its held-out rows of the checked
 length over the vocabulary, in float32 (the Keras reference holds them and half as many again).
 
-The constants are fitted, not derived, on two exports with `--formats litertlm,litertlm_int4
---cache-length 2048 --max-length 256 --num-examples 8`, measured stage by stage by
-`benchmarks/export_memory.py` (2026-11-27, 2-core AVX2 host): SmolLM2-135M (W = 0.54 GB, vocabulary
-49,152) peaked at 9.10 GB resident, in its float32 bundle's checks after TensorFlow's converter
-had peaked at 8.42 GB; a random 8-layer GPT (W = 0.11 GB, vocabulary 128) at 2.77 GB, in the
-converter. The estimate gives 9.4 and 2.9 GB. Two points cannot tell a copy of the weights from
-what grows with the number of layers (the converter's graphs), so a model much deeper or
-shallower for its size than these is estimated less well. The formats besides the LiteRT-LM bundles go
-through the same converter and are given the same factor, unmeasured.
+The constants are fitted, not derived, on two exports measured by `benchmarks/export_memory.py`
+(2026-11-27, 2-core AVX2 host) after the float32 file came to be converted from placeholders
+(`kzoo.export.tflite.placeholders`: TensorFlow's converter no longer holds about ten copies of the
+weights): SmolLM2-135M (W = 0.54 GB, vocabulary 49,152; `--formats litertlm,litertlm_int4
+--cache-length 2048 --max-length 256 --num-examples 8`) peaked at 8.65 GB, and Qwen2.5-Coder-0.5B
+(W = 2.52 GB, vocabulary 151,936; `--formats litertlm --num-examples 8`, a 4,096-slot cache) at
+21.0 GB, in its float32 and int8 bundles' LiteRT checks. The estimate gives 8.7 and 21.0 GB. What the
+weight factor counts now is mostly the checks' (LiteRT's packed weights, each runtime that loads a
+bundle, the quantizer's copies), which is where an export's memory is to be cut next.
 """
 
 import ctypes
@@ -27,9 +27,9 @@ import os
 
 # Copies of the float32 weights resident at an export's peak, and of its check buffers (measured;
 # see the module docstring).
-WEIGHT_COPIES = 13.5
+WEIGHT_COPIES = 5.6
 CHECK_COPIES = 1.5
-BASE_BYTES = int(1.4e9)
+BASE_BYTES = int(4.9e9)
 
 
 def float32_weight_bytes(model):
