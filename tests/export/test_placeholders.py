@@ -136,3 +136,11 @@ def test_a_file_with_weights_at_offsets_quantizes_as_one_without(conversion):
     assert len(large) > 10 and graph_passes.unpacked(outside).buffers[max(large)].data is not None
     expected = decode_logits(quantize.quantize(inline, conversion), 300)
     np.testing.assert_array_equal(decode_logits(quantize.quantize(outside, conversion), 300), expected)
+
+
+def test_the_stand_in_vocabulary_is_a_prime_above_the_graph_s_sizes_not_the_context():
+    lm = models.CausalLM(decoder_backbone("llama", vocab_size=50_000, max_position_embeddings=32_768))
+    stand_in = placeholders.Placeholders(lm, (64, 16)).stand_in_vocabulary
+    sizes = [lm.backbone.hidden_dim, lm.backbone.intermediate_dim, 64]
+    assert 2 * max(sizes) < stand_in < 4 * max(sizes)
+    assert all(stand_in % d for d in range(2, stand_in))

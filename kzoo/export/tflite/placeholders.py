@@ -151,19 +151,25 @@ def _without_names(config):
 
 
 def _stand_in_vocabulary(model, sizes):
-    """A prime above twice every size of the model but its vocabulary (and of `sizes`), or None
-    where the vocabulary is no larger."""
+    """A prime above twice every size of the model but its vocabulary and context (and twice each
+    of `sizes`), or None where the vocabulary is no larger.
+
+    The graph's dimensions are those sizes, their products (never prime) and sums of two (below
+    the floor), so the prime is the stand-in's alone. The context is left out: a 32,768-position
+    model exported with a 4,096-slot cache has no dimension of it but a position table's rows
+    (only that exact number is avoided), and counting it would make the stand-in table, which the
+    converter copies about ten times, seven times larger."""
     backbone = model.backbone
+    context = getattr(backbone, "max_sequence_length", None)
     known = [
         int(value)
         for name, value in vars(backbone).items()
-        if isinstance(value, int) and not isinstance(value, bool) and name != "vocabulary_size"
+        if isinstance(value, int)
+        and not isinstance(value, bool)
+        and name not in ("vocabulary_size", "max_sequence_length")
     ]
-    floor = 2 * max([*known, *sizes, 64]) + 1
-    if floor >= backbone.vocabulary_size:
-        return None
-    candidate = floor
-    while any(candidate % d == 0 for d in range(2, int(candidate**0.5) + 1)):
+    candidate = 2 * max([*known, *sizes, 64]) + 1
+    while candidate == context or any(candidate % d == 0 for d in range(2, int(candidate**0.5) + 1)):
         candidate += 1
     return candidate if candidate < backbone.vocabulary_size else None
 
