@@ -177,6 +177,7 @@ TO_ADD = [
     "kzoo.export.tflite",
     "kzoo.export.tflite.convert",
     "kzoo.export.tflite.graph_passes",
+    "kzoo.export.tflite.placeholders",
     "kzoo.export.tflite.quantize",
     "kzoo.export.verification",
 ]

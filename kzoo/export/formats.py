@@ -216,6 +216,8 @@ class LiteRTLMBundle(Format):
             record = context.bundles.write(context.staging / self.file_name, self.conversion)
         except ValueError as error:  # the runtime refused the bundle or a check's request
             raise ExportError(f"{self.name}: {error}") from error
+        except RuntimeError as error:  # LiteRT could not prepare or run the bundle's model
+            raise ExportError(f"{self.name}: LiteRT could not run the bundle's model: {error}") from error
         if self.name in verification.QUALITY_BOUNDS:
             record["quality"]["bound"] = context.settings.quality_bounds[self.name]
         return record

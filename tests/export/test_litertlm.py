@@ -380,6 +380,23 @@ def test_a_bundle_that_does_not_verify_is_not_written(tmp_path, monkeypatch):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_bundle_litert_cannot_load_is_an_export_error_naming_it(tmp_path, monkeypatch):
+    # As LiteRT refuses an int4 block whose scale is 0: "unsupported scale value (0.000000) in
+    # channel 9480 for INT4 tensor 1419 in XNNPACK delegate" (Qwen2.5-Coder-0.5B, BENCHMARKS.md).
+    one_layer_gpt(vocabulary_size=128, max_sequence_length=16).save(tmp_path / "model.keras")
+    data.save_tokenizer(data.character_tokenizer(128), tmp_path)
+
+    def refused(*args, **kwargs):
+        raise RuntimeError("CompiledModel error: code=3, Failed to build TFL interpreter")
+
+    monkeypatch.setattr(litertlm_model, "teacher_forced_logits", refused)
+    with pytest.raises(export.ExportError, match="litertlm: LiteRT could not run the bundle's model: .*interpreter"):
+        export.export(
+            tmp_path / "model.keras", tmp_path / "out", formats=["litertlm"], num_examples=2, generate_tokens=4
+        )
+    assert not (tmp_path / "out").exists()
+
+
 def test_the_float32_tolerance_scales_with_the_logits():
     assert verification.fp32_tolerance(np.array([0.5, -0.2])) == verification.FP32_TOLERANCE
     assert verification.fp32_tolerance(np.array([3.0, -40.0])) == pytest.approx(40 * verification.FP32_TOLERANCE)

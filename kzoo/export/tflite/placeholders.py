@@ -29,6 +29,7 @@ import keras
 import numpy as np
 from ai_edge_litert import schema_py_generated as schema
 
+from kzoo import _compat
 from kzoo.export import memory
 from kzoo.export.tflite import graph_passes
 from kzoo.export.tflite.convert import convert
@@ -70,7 +71,7 @@ class Placeholders:
         in_blocks = set()
         references = {}
         for block in blocks:
-            layers = list(block._flatten_layers(include_self=True, recursive=True))
+            layers = [block, *_compat.sublayers(block)]
             in_blocks.update(id(layer) for layer in layers)
             kind = repr(_without_names(block.get_config()))
             if kind not in references:
@@ -89,7 +90,7 @@ class Placeholders:
                     raise ValueError(f"Block {block.name}'s {variable.path} has another shape than its placeholder.")
                 placeholder.sources.append(variable)
                 self._swaps.append((layer, name, placeholder.variable, variable))
-        for layer in model._flatten_layers(include_self=False, recursive=True):
+        for layer in _compat.sublayers(model):
             if id(layer) in in_blocks:
                 continue
             for name, variable in _variables(layer):
@@ -335,7 +336,7 @@ def converted(model, trace, sizes=()):
     """The float32 TFLite flatbuffer of the signatures `trace()` makes of `model` (e.g. a
     `kzoo.export.litertlm.RuntimeSignatures`), converted with placeholders for its weights and
     then given them (see the module docstring): the same file as `convert.convert(trace(),
-    "tflite_fp32")`, made without the converter's copies of the weights.
+    "tflite_fp32", fuse_scales=False)`, made without the converter's copies of the weights.
 
     The weights are inside the flatbuffer where it stays under 2 GB, else stored after it at
     offsets (`graph_passes.write`).
