@@ -8,6 +8,7 @@ from ai_edge_litert import schema_py_generated as schema
 
 from kzoo import data
 from kzoo import export
+from kzoo import logs
 from kzoo import models
 from kzoo.export import litertlm
 from kzoo.export import litertlm_model
@@ -131,6 +132,32 @@ def test_the_int4_bundle_keeps_a_4_bit_source_exact(tmp_path):
         patch.setattr(quantize, "source_blocks", lambda weights: None)
         patch.setattr(quantize, "finer_source", lambda weights: False)
         assert difference(quantize.quantize(float32, quantize.INT4)) > 0.4 * scale
+
+
+def test_a_block_of_one_value_loads_in_litert():
+    # LiteRT's XNNPACK refuses an int4 block whose scale is 0 and with it the whole model:
+    # Qwen2.5-Coder-0.5B's bundle did, its feed-forward holding blocks of one value.
+    lm = tiny_lm(64)
+    rng = np.random.default_rng(0)
+    for weight in lm.weights:
+        if len(weight.shape) < 2:
+            continue
+        values = rng.normal(0, 0.2, weight.shape).astype(np.float32)
+        if "embeddings" in weight.path:  # in 8 bits: the table in int8, as a GGUF's
+            weight.assign(q8_0(values))
+            continue
+        output = "attention_output" in weight.path  # (heads, dim, out): inputs first, as the others
+        shaped = values.reshape(-1, values.shape[-1]) if output else values.reshape(values.shape[0], -1)
+        source = q4_1(shaped.T)
+        if "output_dense" in weight.path:
+            source[5, 32:64], source[6, :32] = 0.0, 0.3
+        weight.assign(source.T.reshape(weight.shape))
+    rows = rng.integers(1, 128, (1, 16))
+    keras_logits = np.asarray(lm({"token_ids": rows, "padding_mask": np.ones_like(rows)}))[0]
+    float32 = litertlm.bundle_model(litertlm.RuntimeSignatures(lm, CACHE_LENGTH), "tflite_fp32")
+    with logs.captured_stderr():
+        logits = litertlm_model.teacher_forced_logits(quantize.quantize(float32, quantize.INT4), rows[0])
+    assert verification.max_abs_diff(logits, keras_logits) < 0.15 * np.abs(keras_logits).max()
 
 
 def test_a_tied_token_table_is_stored_once_in_float32():

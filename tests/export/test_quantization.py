@@ -181,3 +181,15 @@ def test_a_block_whose_values_skip_levels_is_still_its_own_grid_and_recovered_ex
     recovered = codes / scales.reshape(1, 1)
     assert np.array_equal(recovered, np.rint(recovered)) and np.abs(recovered).max() <= 8
     np.testing.assert_array_equal(codes + offsets, weights)
+
+
+@pytest.mark.parametrize("value", [0.0, 0.3])
+def test_a_block_of_one_value_is_not_all_zero_codes(value):
+    # Codes of 0 get the int4 scale 0, which LiteRT's XNNPACK refuses, failing the whole model
+    # (Qwen2.5-Coder-0.5B's feed-forward has such blocks; tests/export/test_litertlm_int4.py
+    # loads one in LiteRT).
+    weights = q4_1(np.random.default_rng(0).normal(0, 0.2, (4, 96)).astype(np.float32))
+    weights[1, 32:64] = np.float32(value)
+    codes, offsets, _ = quantize.source_blocks(weights)
+    assert np.all(np.abs(codes.reshape(4, 3, 32)).max(-1) > 0)
+    np.testing.assert_array_equal(codes[1, 32:64] + offsets[1, 1], weights[1, 32:64])  # exactly: a power-of-two step

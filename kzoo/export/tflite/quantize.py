@@ -102,9 +102,15 @@ def source_blocks(weights, tolerance=1e-5):
     if grid is None:
         return None
     blocks, low, levels, step, flat = grid
+    # A block of one value (Qwen2.5-Coder-0.5B's feed-forward has some) as code -8 on a power of
+    # two, exact in bfloat16: codes of 0 get the int4 scale 0, which LiteRT's XNNPACK refuses
+    # (the whole model fails to load).
+    magnitude = np.abs(low) / 8
+    power = np.exp2(np.floor(np.log2(np.where(magnitude > 0, magnitude, 1.0))))
+    step = np.where(flat, np.where(magnitude > 0, power, 2.0**-10), step)
     stored = step.astype(np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
     levels = levels.astype(np.int64)
-    shift = np.where(flat, 0, 8)
+    shift = np.full(step.shape, 8)
     # Shifts that keep the codes in [-8, 7], tried from 8 (the middle of a full block) outwards.
     bad = ~_recoverable(levels - shift)
     for candidate in (7, 9, 6, 10, 5, 11, 4, 12, 3, 13, 2, 14, 1, 15, 0):
