@@ -129,11 +129,11 @@ class Placeholders:
         bits = np.ascontiguousarray(values, np.float32).view(np.uint32).ravel()
         if bits.size == 0:
             return None
+        low, high = int(bits.min()), int(bits.max())
         for placeholder in self.placeholders:
-            count = int(np.prod(placeholder.variable.shape))
-            index = bits.astype(np.int64) - placeholder.first_bits
-            if index.min() >= 0 and index.max() < count:
-                return placeholder, index
+            first = placeholder.first_bits
+            if first <= low and high < first + int(np.prod(placeholder.variable.shape)):
+                return placeholder, bits.astype(np.int64) - placeholder.first_bits
         return None
 
 
@@ -215,9 +215,9 @@ def _source(values, placeholders):
     if values.size < 2 or not np.all(values > 0):
         return None
     for placeholder in placeholders.placeholders:
-        stand_in = keras.ops.convert_to_numpy(placeholder.variable)
-        if stand_in.size != values.size:
+        if int(np.prod(placeholder.variable.shape)) != values.size:
             continue
+        stand_in = keras.ops.convert_to_numpy(placeholder.variable)
         for _, layout in _layouts(stand_in.ndim):
             laid = layout(stand_in).reshape(-1)
             # A scalar the converter divided or multiplied by (a soft cap): the float32 nearest the
@@ -355,7 +355,7 @@ def converted(model, trace, sizes=()):
     del signatures
     resolved, readers = resolve(small, stand_ins)
     del small
-    total = sum(4 * int(np.prod(keras.ops.shape(source))) for source in _real_sources(stand_ins))
+    total = memory.float32_weight_bytes(model)
     if total < graph_passes.FLATBUFFER_LIMIT:
         for index, read in readers.items():
             resolved.buffers[index].data = np.frombuffer(np.ascontiguousarray(read(), np.float32), np.uint8)
@@ -367,7 +367,3 @@ def converted(model, trace, sizes=()):
     del resolved, readers
     memory.release_freed_memory()
     return flatbuffer
-
-
-def _real_sources(placeholders):
-    return [source for placeholder in placeholders.placeholders for source in placeholder.sources]
