@@ -159,6 +159,26 @@ def test_source_blocks_cut_a_4_bit_grid_into_int4_codes_and_offsets():
     assert not quantize.finer_source(normal.astype(ml_dtypes.bfloat16).astype(np.float32))
 
 
+def test_a_weight_is_fitted_a_few_rows_at_a_time_as_a_whole(monkeypatch):
+    """`source_blocks` and `finer_source` fit a large weight in chunks of rows (float64 copies
+    of a whole token table are gigabytes): the same codes, offsets and answers as at once."""
+    rng = np.random.default_rng(3)
+    weights = q4_1(rng.normal(0, 0.2, (50, 96)).astype(np.float32))
+    weights[7, :32] = 0.25  # a block of one value, cut apart from its neighbours' rows
+    mixed = weights.copy()
+    mixed[45] = rng.normal(size=96)  # the last chunk is no grid
+    candidates = (weights, q8_0(rng.normal(size=(50, 96)).astype(np.float32)), mixed)
+    whole = quantize.source_blocks(weights)
+    answers = [quantize.finer_source(x) for x in candidates]
+    monkeypatch.setattr(quantize, "_CHUNK_VALUES", 4 * 96)  # chunks of 4 rows, the last of 2
+    assert len(quantize._row_chunks(weights)) == 13
+    chunked = quantize.source_blocks(weights)
+    np.testing.assert_array_equal(chunked[0], whole[0])
+    np.testing.assert_array_equal(chunked[1], whole[1])
+    assert quantize.source_blocks(mixed) is None
+    assert [quantize.finer_source(x) for x in candidates] == answers == [True, True, False]
+
+
 def test_a_block_whose_values_skip_levels_is_still_its_own_grid_and_recovered_exactly():
     # Levels 0, 2 and 5 of a step of 1/64: no two values are neighbours (the smallest gap is
     # two steps), and centred on 8 (codes -8, -6, -3) the smallest gap between magnitudes, 0

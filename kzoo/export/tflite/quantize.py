@@ -39,6 +39,9 @@ QUANTIZATIONS = {
     "call (ai-edge-quantizer's dynamic_wi4b32_afp32); a 4-bit source's blocks kept exactly (int4 codes, "
     "float32 block offsets), a 5- to 8-bit source's weights in int8 per channel",
 }
+# Values of a weight `_grid` fits at a time (`_row_chunks`).
+_CHUNK_VALUES = 1 << 22
+
 # The names the int4 recipe picks ops by (`graph_passes.split_fully_connected` and
 # `graph_passes.tag_weighted_ops` write them).
 SOURCE_BLOCKS, BLOCK_OFFSETS, FINER_SOURCE = "kzoo_source_blocks", "kzoo_block_offsets", "kzoo_finer_source"
@@ -98,6 +101,17 @@ def source_blocks(weights, tolerance=1e-5):
     LiteRT's int4 blocks store it; `weights` then move by at most 8 x 2^-8 of a step); each
     block's c are shifted so that ai-edge-quantizer's recovery (the smallest gap between the
     block's magnitudes, 0 included) finds a step that divides them all."""
+    parts = []
+    for rows in _row_chunks(weights):
+        part = _source_blocks(rows, tolerance)
+        if part is None:
+            return None
+        parts.append(part)
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]), INT4_BLOCK
+
+
+def _source_blocks(weights, tolerance):
+    """`source_blocks`' codes and offsets of some rows of a weight, or None."""
     grid = _grid(weights, INT4_BLOCK, 15, tolerance)
     if grid is None:
         return None
@@ -124,14 +138,22 @@ def source_blocks(weights, tolerance=1e-5):
         return None
     codes = (levels - shift) * stored
     offsets = low + shift * step
-    return codes.reshape(weights.shape).astype(np.float32), offsets[..., 0].astype(np.float32), INT4_BLOCK
+    return codes.reshape(weights.shape).astype(np.float32), offsets[..., 0].astype(np.float32)
 
 
 def finer_source(weights, tolerance=1e-5):
     """Whether every block of 16 along the last axis of `weights` holds at most 256 evenly
     spaced values: a GGUF source of up to 8 bits (Q5_0, Q6_K, Q8_0; the 4-bit ones too). Float
     weights, bfloat16 ones included, hold no such grid."""
-    return _grid(weights, 16, 255, tolerance) is not None
+    chunks = _row_chunks(weights)
+    return bool(chunks) and all(_grid(rows, 16, 255, tolerance) is not None for rows in chunks)
+
+
+def _row_chunks(weights):
+    """`weights` `(rows, inputs)` cut into consecutive rows of about `_CHUNK_VALUES` values:
+    `_grid` holds several float64 arrays of its input's size, gigabytes for a whole token table."""
+    rows = max(1, _CHUNK_VALUES // max(1, weights.shape[-1]))
+    return [weights[start : start + rows] for start in range(0, len(weights), rows)]
 
 
 def _grid(weights, block, most, tolerance):
