@@ -46,7 +46,7 @@ STAGES = (
     ("kzoo.export.tflite.quantize", "embedding_lookups", "gathers as embedding lookups"),
     ("kzoo.export.litertlm.verification", "write_bundle", "write the bundle"),
     ("kzoo.export.litertlm_model", "teacher_forced_logits", "LiteRT decode logits"),
-    ("kzoo.export.litertlm.verification", "op_census", "op census"),
+    ("kzoo.export.litertlm.verification", "_op_census", "op census"),
     ("kzoo.export.litertlm_model", "LiteRTLMModel", "LiteRT-LM loads the bundle"),
     ("kzoo.export.litertlm.verification", "_run_cases", "LiteRT-LM greedy generations"),
     ("kzoo.export.formats", "LiteRTLMBundle.build", "bundle"),

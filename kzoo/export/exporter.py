@@ -12,6 +12,7 @@ import json
 import math
 import os
 import platform
+import shutil
 import types
 import zipfile
 from pathlib import Path
@@ -190,6 +191,7 @@ def export(
     with _output_folder(output_dir, overwrite) as staging:
         context = Context(model, settings, staging)
         records = {format.name: format.build(context) for format in context.formats}
+        shutil.rmtree(context.work_dir, ignore_errors=True)
         failures = [failure for format in context.formats for failure in format.failures(records[format.name])]
         if failures:
             raise ExportError(
@@ -291,7 +293,15 @@ class Context:
             spans=self.cache_spans,
             generate_tokens=self.settings.generate_tokens,
             num_threads=LITERT_THREADS,
+            work_dir=self.work_dir,
         )
+
+    @property
+    def work_dir(self):
+        """The formats' working files (the LiteRT-LM bundles' models and caches): in the staging
+        folder, so that a failed or killed export leaves none behind; removed before it is moved
+        into place."""
+        return self.staging / ".work"
 
     def report(self, records):
         """The export's report: the model, the data, the tolerances and the formats' `records`."""

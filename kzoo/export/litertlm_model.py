@@ -12,7 +12,9 @@ decodes one token at a time until a stop token, `max_new_tokens` or the maximum.
 """
 
 import math
+import os
 import struct
+import tempfile
 import time
 from pathlib import Path
 
@@ -339,6 +341,11 @@ def teacher_forced_logits(tflite_model, token_ids, num_threads=2):
     from an empty cache, the model compiled once for all of them (each compilation packs a copy
     of the weights).
 
+    `tflite_model` is the model's bytes or the path of its file. Either way its weights are
+    packed for the CPU into an XNNPACK weight cache in a temporary file, as LiteRT-LM does with a
+    cache folder: the packed weights are then a file mapping the kernel can page out, not more
+    copies of the weights in the process's own memory.
+
     As LiteRT-LM's CPU executor does, one buffer holds each `kv_cache_*` tensor, bound as the
     signature's input and as its output of the same name, so that each step updates the cache
     in place; passing the cache in and out as arrays copies all of it at every step, a cost
@@ -354,26 +361,39 @@ def teacher_forced_logits(tflite_model, token_ids, num_threads=2):
 
     token_ids = np.asarray(token_ids)
     rows = token_ids.reshape(-1, token_ids.shape[-1])
-    # Its own environment, closed here: the default one lives until the process exits, and logs then.
-    environment = Environment.create(runtime_path=str(Path(ai_edge_litert.__file__).parent))
-    options = Options(cpu_options=CpuOptions(num_threads=num_threads))
-    model = CompiledModel.from_buffer(bytes(tflite_model), environment=environment, options=options)
+    with tempfile.TemporaryDirectory(prefix="kzoo-xnnpack-") as folder:
+        # Its own environment, closed here: the default one lives until the process exits, and logs then.
+        environment = Environment.create(runtime_path=str(Path(ai_edge_litert.__file__).parent))
+        cache = str(Path(folder) / "weights.xnnpack_cache")
+        options = Options(cpu_options=CpuOptions(num_threads=num_threads, xnnpack_weight_cache_path=cache))
+        if isinstance(tflite_model, (str, os.PathLike)):
+            model = CompiledModel.from_file(str(tflite_model), environment=environment, options=options)
+        else:
+            model = CompiledModel.from_buffer(bytes(tflite_model), environment=environment, options=options)
+        try:
+            logits = _decoded_logits(model, rows)
+        finally:
+            model.close()
+            environment.close()
+    return logits.reshape(*token_ids.shape, -1)
+
+
+def _decoded_logits(model, rows):
+    """`teacher_forced_logits` of the compiled `model` over int `rows` `(N, T)`: `(N, T, V)`."""
+    import numpy as np
+
     details = model.get_input_tensor_details("decode")
     inputs = {name: model.create_input_buffer_by_name("decode", name) for name in details}
     logits = model.create_output_buffer_by_name("decode", "logits")
     outputs = {"logits": logits, **{name: buffer for name, buffer in inputs.items() if name.startswith("kv_cache_")}}
     size = model.get_output_tensor_details("decode")["logits"]["shape"][-1]  # (1, 1, V)
-    result = []
-    for row in rows:
+    result = np.empty((*rows.shape, size), np.float32)  # filled in place: a real vocabulary's are gigabytes
+    for row, row_logits in zip(rows, result):
         for name, tensor in details.items():  # an empty cache for each row
             inputs[name].write(np.zeros(tensor["shape"], tensor["dtype"]))
-        steps = []
         for position, token in enumerate(row):
             inputs["tokens"].write(np.asarray([[token]], np.int32))
             inputs["input_pos"].write(np.asarray([position], np.int32))
             model.run_by_name("decode", inputs, outputs)
-            steps.append(logits.read(size, np.float32))
-        result.append(np.stack(steps))
-    model.close()
-    environment.close()
-    return np.stack(result).reshape(*token_ids.shape, size)
+            row_logits[position] = logits.read(size, np.float32)
+    return result

@@ -6,6 +6,7 @@ import lzma
 import os
 import subprocess
 import sys
+import tempfile
 import types
 
 import keras
@@ -200,6 +201,28 @@ def test_every_default_sampler_is_written_as_the_runtime_s_top_p(sampler, writte
     assert parameters.type == parameters.TOP_P and (parameters.k, round(parameters.p, 6)) == written
     with pytest.raises(ValueError, match="Unknown sampler type 'BEAM'"):
         litertlm.llm_metadata(16, [0], sampler=litertlm.Sampler(type="BEAM"))
+
+
+def test_a_model_file_gives_the_logits_and_bundle_of_its_bytes_and_leaves_no_cache(exported, tmp_path, monkeypatch):
+    """The checks read the bundles' models from files, their packed weights cached in a
+    temporary file: the same logits, the same bundle, and nothing left behind."""
+    flatbuffer = litertlm_model.read_tflite_model(exported[0] / "export" / "model_int8.litertlm")
+    path = tmp_path / "model.tflite"
+    path.write_bytes(flatbuffer)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    rows = np.random.default_rng(2).integers(1, 128, (2, 9))
+    np.testing.assert_array_equal(
+        litertlm_model.teacher_forced_logits(path, rows), litertlm_model.teacher_forced_logits(flatbuffer, rows)
+    )
+    assert list(scratch.iterdir()) == []
+    metadata = litertlm.llm_metadata(CACHE_LENGTH, [1])
+    litertlm.write_bundle(tmp_path / "from_bytes.litertlm", flatbuffer, '{"model": {}}', metadata)
+    litertlm.write_bundle(tmp_path / "from_file.litertlm", path, '{"model": {}}', metadata)
+    # The same file but for the build time in its header.
+    assert (tmp_path / "from_file.litertlm").stat().st_size == (tmp_path / "from_bytes.litertlm").stat().st_size
+    assert litertlm_model.read_tflite_model(tmp_path / "from_file.litertlm") == flatbuffer
 
 
 def test_int8_bundle_is_smaller_and_its_change_is_reported(exported):

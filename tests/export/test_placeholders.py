@@ -6,10 +6,12 @@ import io
 
 import numpy as np
 import pytest
+from ai_edge_litert import schema_py_generated as schema
 
 from kzoo import models
 from kzoo.checkpoints.families import FAMILIES
 from kzoo.export import litertlm_model
+from kzoo.export import memory
 from kzoo.export.litertlm import RuntimeSignatures
 from kzoo.export.tflite import graph_passes
 from kzoo.export.tflite import placeholders
@@ -144,3 +146,17 @@ def test_the_stand_in_vocabulary_is_a_prime_above_the_graph_s_sizes_not_the_cont
     sizes = [lm.backbone.hidden_dim, lm.backbone.intermediate_dim, 64]
     assert 2 * max(sizes) < stand_in < 4 * max(sizes)
     assert all(stand_in % d for d in range(2, stand_in))
+
+
+@pytest.mark.parametrize("at_offsets", [False, True])
+def test_a_file_written_to_a_path_is_the_one_returned(tmp_path, monkeypatch, at_offsets):
+    lm = build("gpt", vocabulary_size=128, max_sequence_length=32)
+    if at_offsets:  # a limit the weights reach: they are stored after the flatbuffer
+        monkeypatch.setattr(graph_passes, "FLATBUFFER_LIMIT", memory.float32_weight_bytes(lm))
+    trace = lambda: RuntimeSignatures(lm, CACHE_LENGTH)  # noqa: E731
+    flatbuffer = placeholders.converted(lm, trace, (CACHE_LENGTH,))
+    assert placeholders.converted(lm, trace, (CACHE_LENGTH,), path=tmp_path / "model.tflite") is None
+    assert (tmp_path / "model.tflite").read_bytes() == flatbuffer
+    model = schema.Model.GetRootAs(flatbuffer, 0)
+    offsets = [model.Buffers(i).Offset() > 1 for i in range(model.BuffersLength())]
+    assert any(offsets) == at_offsets

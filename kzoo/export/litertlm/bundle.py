@@ -4,6 +4,7 @@ file packed with litert-lm-builder."""
 
 import dataclasses
 import json
+import os
 import tempfile
 from pathlib import Path
 
@@ -123,7 +124,8 @@ def write_bundle(path, tflite_model, tokenizer_json, metadata):
 
     Args:
         path: the file to write.
-        tflite_model: bytes, the TFLite model (`RuntimeSignatures` converted).
+        tflite_model: the TFLite model (`RuntimeSignatures` converted): its bytes, or the path
+            of its file (copied into the bundle, never read into memory whole).
         tokenizer_json: str, the Hugging Face `tokenizer.json` text.
         metadata: the `LlmMetadata` proto (`llm_metadata`).
     """
@@ -131,11 +133,15 @@ def write_bundle(path, tflite_model, tokenizer_json, metadata):
 
     with tempfile.TemporaryDirectory() as folder:
         folder = Path(folder)
-        (folder / "model.tflite").write_bytes(tflite_model)
+        model_file = folder / "model.tflite"
+        if isinstance(tflite_model, (str, os.PathLike)):
+            model_file = Path(tflite_model)
+        else:
+            model_file.write_bytes(tflite_model)
         (folder / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
         (folder / "llm_metadata.pb").write_bytes(metadata.SerializeToString())
         builder = litertlm_builder.LitertLmFileBuilder()
-        builder.add_tflite_model(str(folder / "model.tflite"), litertlm_builder.TfLiteModelType.PREFILL_DECODE)
+        builder.add_tflite_model(str(model_file), litertlm_builder.TfLiteModelType.PREFILL_DECODE)
         builder.add_hf_tokenizer(str(folder / "tokenizer.json"))
         builder.add_llm_metadata(str(folder / "llm_metadata.pb"))
         with files.atomic_file(path) as file:  # whole, or not at all

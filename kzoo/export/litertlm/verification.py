@@ -1,6 +1,9 @@
 """A bundle checked in the LiteRT-LM runtime against its Keras model: `Bundles`."""
 
+import mmap
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -41,6 +44,13 @@ class Bundles:
         spans: the cache spans of the bundles' attention (`attention_spans`); None for none.
         generate_tokens: int, new tokens per greedy check.
         num_threads: int, the runtime's CPU threads.
+        work_dir: a folder for the bundles' working files (the float32 TFLite model, each
+            quantized one while its bundle is checked, the runtimes' packed-weight caches); the
+            caller removes it. None for a temporary folder, removed by `close`.
+
+    The models are kept in files, not in memory: LiteRT and LiteRT-LM map them, and pack their
+    weights into caches in files (mapped too), so that a check holds the Keras model and about
+    one copy of the bundle's weights, which the kernel can page out, rather than several.
     """
 
     def __init__(
@@ -57,6 +67,7 @@ class Bundles:
         spans=None,
         generate_tokens=32,
         num_threads=2,
+        work_dir=None,
     ):
         from kzoo.tokenizers.tokenizer_json import hugging_face_tokenizer  # keras-hub, tokenizers: only here
 
@@ -79,7 +90,14 @@ class Bundles:
         self.weights = None if sample_weight is None else sample_weight[:, cut]
         self.keras_cross_entropy = verification.quality(self.logits, self.targets, self.weights)["cross_entropy"]
         self.num_threads = num_threads
-        self._float32 = None
+        self._temporary = tempfile.TemporaryDirectory(prefix="kzoo-bundles-") if work_dir is None else None
+        self.work_dir = Path(self._temporary.name if work_dir is None else work_dir)
+        self._float32 = self.work_dir / "float32.tflite"
+
+    def close(self):
+        """Removes the working files of a temporary `work_dir`."""
+        if self._temporary is not None:
+            self._temporary.cleanup()
 
     def write(self, path, conversion):
         """Writes the bundle `path`, its model made as `conversion` (a key of `CONVERSIONS`),
@@ -93,40 +111,55 @@ class Bundles:
             `latency_ms`.
         """
         start = time.perf_counter()
-        if self._float32 is None:  # converted once, quantized per bundle
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        if not self._float32.exists():  # converted once, quantized per bundle
             signatures = self.signatures
             sizes = (signatures.cache_length, *signatures.prefill_lengths, *(signatures.spans or ()))
-            self._float32 = placeholders.converted(self._model, self._trace, sizes)
-        flatbuffer = self._float32 if conversion == "tflite_fp32" else quantize(self._float32, conversion)
-        memory.release_freed_memory()  # the converter's or the quantizer's, before LiteRT loads the model
-        write_bundle(path, flatbuffer, self.exported.tokenizer.to_str(), self.metadata)
-        seconds = time.perf_counter() - start
-        with logs.captured_stderr():  # LiteRT logs its CPU delegate
-            logits = litertlm_model.teacher_forced_logits(flatbuffer, self.token_ids, self.num_threads)
+            placeholders.converted(self._model, self._trace, sizes, path=self._float32)
+        model_file = self._float32 if conversion == "tflite_fp32" else self.work_dir / f"{conversion}.tflite"
+        try:
+            if model_file != self._float32:
+                model_file.write_bytes(quantize(self._float32.read_bytes(), conversion))
+            memory.release_freed_memory()  # the converter's or the quantizer's, before LiteRT loads the model
+            write_bundle(path, model_file, self.exported.tokenizer.to_str(), self.metadata)
+            seconds = time.perf_counter() - start
+            with logs.captured_stderr():  # LiteRT logs its CPU delegate
+                logits = litertlm_model.teacher_forced_logits(model_file, self.token_ids, self.num_threads)
+            tflite_bytes, ops = model_file.stat().st_size, _op_census(model_file)
+        finally:
+            if model_file != self._float32:
+                model_file.unlink(missing_ok=True)
         quality = verification.quality(logits, self.targets, self.weights, self.logits)
         quality["keras_cross_entropy"] = self.keras_cross_entropy
         quality["cross_entropy_increase"] = quality["cross_entropy"] - self.keras_cross_entropy
         record = {
             "path": path.name,
             "size_bytes": path.stat().st_size,
-            "tflite_bytes": len(flatbuffer),
+            "tflite_bytes": tflite_bytes,
             "description": CONVERSIONS[conversion],
             "prefill_lengths": list(self.signatures.prefill_lengths),
             "cache_spans": self.signatures.spans,
             "max_num_tokens": self.signatures.cache_length,
             "export_seconds": round(seconds, 2),
-            "ops": op_census(flatbuffer),
+            "ops": ops,
             "max_abs_diff": {str(self.positions): verification.max_abs_diff(logits, self.logits)},
             "tolerance": {str(self.positions): verification.fp32_tolerance(self.logits)},
             "quality": quality,
             "checked_rows": len(self.token_ids),
         }
-        runtime = litertlm_model.LiteRTLMModel(path, self.num_threads)
-        try:
-            record.update(_run_cases(runtime, self.cases))
-        finally:
-            runtime.close()
+        with tempfile.TemporaryDirectory(dir=self.work_dir) as cache:
+            runtime = litertlm_model.LiteRTLMModel(path, self.num_threads, cache_dir=cache)
+            try:
+                record.update(_run_cases(runtime, self.cases))
+            finally:
+                runtime.close()
         return record
+
+
+def _op_census(path):
+    """`op_census` of the TFLite file `path`, read through a mapping of it."""
+    with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        return op_census(mapped)
 
 
 def _generation_cases(model, tokenizer, rows, signatures, exported, generate_tokens):

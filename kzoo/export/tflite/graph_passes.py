@@ -369,6 +369,11 @@ def packed(model, size):
         file = io.BytesIO()
         write(file, model, large)
         return file.getvalue()
+    return _inline(model, size)
+
+
+def _inline(model, size):
+    """`model` packed as one flatbuffer, in a builder made `size` bytes and a little more."""
     builder = flatbuffers.Builder(size + (1 << 20))
     builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
     return bytes(memoryview(builder.Bytes)[builder.Head() :])
@@ -389,12 +394,12 @@ def write(file, model, readers):
     # flatbuffer's size, then with the real ones.
     for index in order:
         model.buffers[index].offset, model.buffers[index].size = 1 << 40, lengths[index]
-    head = len(packed(model, 0))
+    head = len(_inline(model, 0))
     offset = _aligned(head)
     for index in order:
         model.buffers[index].offset = offset
         offset = _aligned(offset + lengths[index])
-    flatbuffer = packed(model, head)
+    flatbuffer = _inline(model, head)
     if len(flatbuffer) != head:
         raise AssertionError("The flatbuffer's size changed with its offsets.")
     file.write(flatbuffer)

@@ -30,6 +30,7 @@ import numpy as np
 from ai_edge_litert import schema_py_generated as schema
 
 from kzoo import _compat
+from kzoo import files
 from kzoo.export import memory
 from kzoo.export.tflite import graph_passes
 from kzoo.export.tflite.convert import convert
@@ -332,7 +333,7 @@ def _restore_vocabulary(model, stand_in, vocabulary):
                     model.buffers[tensor.buffer].data = np.frombuffer(values.tobytes(), np.uint8)
 
 
-def converted(model, trace, sizes=()):
+def converted(model, trace, sizes=(), path=None):
     """The float32 TFLite flatbuffer of the signatures `trace()` makes of `model` (e.g. a
     `kzoo.export.litertlm.RuntimeSignatures`), converted with placeholders for its weights and
     then given them (see the module docstring): the same file as `convert.convert(trace(),
@@ -345,6 +346,11 @@ def converted(model, trace, sizes=()):
         model: a causal LM with `backbone.transformer_blocks`.
         trace: a function of no arguments returning the signatures of `model` to convert.
         sizes: ints the graph may have as dimensions (cache and prefill lengths, spans).
+        path: None to return the file's bytes, or where to write it (whole or not at all,
+            `kzoo.files.atomic_file`), its weights one at a time from the Keras variables.
+
+    Returns:
+        The bytes, or None when written to `path`.
     """
     stand_ins = Placeholders(model, sizes)
     with stand_ins:
@@ -360,10 +366,15 @@ def converted(model, trace, sizes=()):
         for index, read in readers.items():
             resolved.buffers[index].data = np.frombuffer(np.ascontiguousarray(read(), np.float32), np.uint8)
         flatbuffer = graph_passes.packed(resolved, total)
-    else:
+        if path is None:
+            return flatbuffer
+        with files.atomic_file(path) as file:
+            file.write(flatbuffer)
+    elif path is None:
         file = io.BytesIO()
         graph_passes.write(file, resolved, readers)
-        flatbuffer = file.getvalue()
-    del resolved, readers
-    memory.release_freed_memory()
-    return flatbuffer
+        return file.getvalue()
+    else:
+        with files.atomic_file(path) as file:
+            graph_passes.write(file, resolved, readers)
+    return None
