@@ -55,8 +55,9 @@ def make_parser():
     parser.add_argument(
         "--representative-data",
         metavar="NAME",
-        help="a kzoo dataset (e.g. kzoo_tiny_shakespeare) read with the tokenizer saved beside the "
-        "model, for calibration and held-out checks; default: synthetic token ids",
+        help="a kzoo dataset (e.g. kzoo_tiny_shakespeare) read with the model's tokenizer, for calibration "
+        'and held-out checks, or "synthetic" for random token ids (default: kzoo_tiny_shakespeare for a causal '
+        "LM with a tokenizer, else synthetic)",
     )
     parser.add_argument("--tokenizer-dir", help="where the model's tokenizer.json is (default: the model's folder)")
     parser.add_argument("--data-dir", help="the tensorflow-datasets folder (default: tfds' own)")

@@ -1,8 +1,19 @@
 """The examples an export is verified and calibrated on: a kzoo dataset, or synthetic ids."""
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
+
+# The data an export of a causal LM with a tokenizer is checked on unless told otherwise: text.
+# Uniformly random ids are inputs no language model was trained on: its quantized files' losses
+# on them say little of what a user will see, and a checkpoint with large activations (Qwen2.5)
+# is ill-conditioned there: Keras' own float32 logits can be off its float64 ones by more than
+# the float32 tolerance (BENCHMARKS.md).
+DEFAULT_TEXT = "kzoo_tiny_shakespeare"
+
+# The `representative_data` name of `synthetic_data`.
+SYNTHETIC = "synthetic"
 
 
 @dataclasses.dataclass
@@ -64,6 +75,59 @@ def synthetic_data(names, vocabulary_size, length, num_examples, num_representat
         sample_weight=None,
         representative=inputs(num_representative),
         source=f"synthetic: uniform token ids in [1, {vocabulary_size}), seed {seed}",
+    )
+
+
+def text_data(tokenizer, names, length, num_examples, num_representative, seed=0, source_dir=None):
+    """Rows of `DEFAULT_TEXT` (Tiny Shakespeare, read from kzoo's corpora without
+    tensorflow-datasets) for a causal LM: the held-out rows are consecutive windows of its
+    validation text, as `dataset_data` cuts them; the calibration rows windows at seeded offsets
+    in as much of its train text.
+
+    Args:
+        tokenizer: the model's tokenizer.
+        names: the model's input names (`token_ids`, `padding_mask`).
+        length: int, the sequence length T of every row.
+        num_examples: int, N held-out rows.
+        num_representative: int, M calibration rows.
+        seed: int, the offsets of the calibration rows.
+        source_dir: where the corpora are (`kzoo.data.corpora.corpus_dir`).
+
+    Raises:
+        FileNotFoundError: where the corpus is not installed.
+        ValueError: where the validation text has fewer than N windows.
+    """
+    from kzoo.data import corpora  # plain Python: no tensorflow-datasets
+    from kzoo.data.readers import DataFileError
+
+    try:
+        splits = corpora.read_tiny_shakespeare(source_dir)
+    except DataFileError as error:
+        if Path(error.path).exists():  # there, but unreadable
+            raise
+        raise FileNotFoundError(str(error)) from error
+    validation = splits["validation"][0]["text"]
+    held_out = np.asarray(tokenizer(validation)).astype(np.int32)
+    windows = (len(held_out) - 1) // length
+    if windows < num_examples:
+        raise ValueError(
+            f"{DEFAULT_TEXT}'s validation text holds {windows} rows of {length} tokens, fewer than the "
+            f"{num_examples} held-out rows asked for: pass a smaller num_examples (--num-examples) or max_length."
+        )
+    train = np.asarray(tokenizer(splits["train"][0]["text"][: len(validation)])).astype(np.int32)
+    offsets = np.random.default_rng(seed).integers(0, max(1, len(train) - length), num_representative)
+
+    def rows(ids, starts):
+        x = np.stack([ids[start : start + length] for start in starts])
+        return {name: np.ones_like(x) if name == "padding_mask" else x for name in names}
+
+    starts = np.arange(num_examples) * length
+    return ExportData(
+        held_out=rows(held_out, starts),
+        targets=np.stack([held_out[start + 1 : start + length + 1] for start in starts]),
+        sample_weight=None,
+        representative=rows(train, offsets),
+        source=f"{DEFAULT_TEXT}: calibration from 'train', held-out from 'validation'",
     )
 
 

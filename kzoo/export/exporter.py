@@ -116,10 +116,11 @@ def export(
         output_dir: the folder to create.
         formats: iterable or comma-separated string of `FORMATS`; defaults
             to `DEFAULT_FORMATS` (all but the opt-in full integer "tflite_int8").
-        representative_data: None for synthetic token ids, or a
-            `kzoo.data.load` dataset name (e.g. "kzoo_tiny_shakespeare"),
-            read with the model's tokenizer: calibration rows from its
-            train split, held-out rows from validation (or test).
+        representative_data: a `kzoo.data.load` dataset name (e.g. "kzoo_tiny_shakespeare"),
+            read with the model's tokenizer: calibration rows from its train split, held-out
+            rows from validation (or test); "synthetic" for uniformly random token ids; None for
+            the default: `export_data.DEFAULT_TEXT` for a causal LM with a tokenizer, else
+            synthetic ids.
         tokenizer_dir: for a model that carries no tokenizer (`Task.tokenizer`,
             which the recipes set), where `kzoo.data.save_tokenizer` wrote it;
             defaults to the `.keras` file's folder. Without a tokenizer, the
@@ -572,7 +573,7 @@ def _load_tokenizer(directory, representative_data):
             raise FileNotFoundError("a model passed as an object has no folder; pass `tokenizer_dir`")
         return load_tokenizer(directory)
     except FileNotFoundError as error:
-        if representative_data is None:
+        if representative_data in (None, export_data.SYNTHETIC):
             return None
         raise ExportError(
             f"Representative data {representative_data!r} needs the model's tokenizer: {error}"
@@ -584,15 +585,30 @@ def _load_tokenizer(directory, representative_data):
 
 
 def _export_data(context, settings):
+    """The held-out and calibration rows: `representative_data`, by default text for a causal LM
+    with a tokenizer (`export_data.DEFAULT_TEXT`, or synthetic ids where its corpus is not
+    installed: the data's `source` says so), synthetic ids for other models."""
     name, vocabulary_size = settings.representative_data, vocabulary_size_of(context.model)
     counts = (context.max_length, settings.num_examples, settings.num_representative, settings.seed)
-    if name is None:
+    default = name is None
+    if default:
+        text = context.task == "causal_lm" and context.tokenizer is not None
+        name = export_data.DEFAULT_TEXT if text else export_data.SYNTHETIC
+    if name == export_data.SYNTHETIC:
         return export_data.synthetic_data(context.names, vocabulary_size, *counts)
     try:
+        if default:
+            return export_data.text_data(context.tokenizer, context.names, *counts)
         return export_data.dataset_data(
             name, context.tokenizer, context.task, context.names, vocabulary_size, *counts, settings.data_dir
         )
-    except (FileNotFoundError, ValueError, StopIteration) as error:
+    except FileNotFoundError as error:
+        if not default:
+            raise ExportError(f"Cannot read representative data {name!r}: {error}") from error
+        data = export_data.synthetic_data(context.names, vocabulary_size, *counts)
+        data.source += f" ({name}, the default text, is not installed: {error})"
+        return data
+    except (ValueError, StopIteration) as error:
         raise ExportError(f"Cannot read representative data {name!r}: {error}") from error
 
 
