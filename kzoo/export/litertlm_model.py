@@ -75,8 +75,11 @@ class LiteRTLMModel:
         path: the `.litertlm` file. A file that is not a bundle, or is truncated, raises
             ValueError naming it (the runtime itself would abort the process).
         num_threads: int, CPU threads.
-        cache_dir: where the runtime may keep its packed-weight cache for faster loading, or
-            None for no cache (by default the runtime writes one beside the bundle).
+        cache_dir: a folder where the runtime keeps the bundle's weights packed for the CPU (made
+            if need be), so that a later load of the same bundle reads them instead of packing
+            them again; None for a temporary folder, removed by `close`. Either way the packed
+            weights are a file mapping the kernel can page out, not more copies of the weights
+            in the process's own memory; ":nocache" keeps them in the process.
 
     Example:
     >>> lm = LiteRTLMModel("runs/gpt_lm/export/model.litertlm")
@@ -96,14 +99,18 @@ class LiteRTLMModel:
         self.start_token_ids = list(start.token_ids.ids) if start.HasField("token_ids") else []
         litert_lm.set_min_log_severity(litert_lm.LogSeverity.ERROR)
         self._litert_lm = litert_lm
+        self._cache = tempfile.TemporaryDirectory(prefix="kzoo-litertlm-") if cache_dir is None else None
+        if cache_dir is not None and str(cache_dir) != ":nocache":
+            Path(cache_dir).mkdir(parents=True, exist_ok=True)  # the runtime fails to load without it
         try:
             self.engine = litert_lm.Engine(
                 str(self.path),
                 backend=litert_lm.Backend.CPU(thread_count=num_threads),
-                cache_dir=":nocache" if cache_dir is None else str(cache_dir),
+                cache_dir=self._cache.name if cache_dir is None else str(cache_dir),
                 enable_benchmark=True,
             )
         except RuntimeError as error:
+            self._remove_cache()
             raise ValueError(f"LiteRT-LM could not load {self.path}: {error}") from error
 
     def tokenize(self, text):
@@ -244,6 +251,11 @@ class LiteRTLMModel:
 
     def close(self):
         self.engine.close()
+        self._remove_cache()
+
+    def _remove_cache(self):
+        if self._cache is not None:
+            self._cache.cleanup()
 
 
 def check_messages(messages):

@@ -302,6 +302,28 @@ def _load(path):
     return module
 
 
+def test_the_runtime_packs_the_weights_into_a_cache_file_it_removes_on_close(exported, tmp_path, monkeypatch):
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    runtime = litertlm_model.LiteRTLMModel(exported[0] / "export" / "model.litertlm")
+    try:
+        (folder,) = scratch.iterdir()
+        assert [path.suffix for path in folder.iterdir()] == [".xnnpack_cache"]
+        greedy = runtime.generate("ROMEO:", 8, top_k=1)
+    finally:
+        runtime.close()
+    assert list(scratch.iterdir()) == []
+    kept = tmp_path / "kept"  # a folder of the caller's keeps the cache for the next load
+    for _ in range(2):
+        runtime = litertlm_model.LiteRTLMModel(exported[0] / "export" / "model.litertlm", cache_dir=kept)
+        try:
+            assert runtime.generate("ROMEO:", 8, top_k=1) == greedy
+        finally:
+            runtime.close()
+        assert len(list(kept.iterdir())) == 1
+
+
 def test_a_truncated_or_foreign_file_is_refused_by_name(exported, tmp_path):
     bundle = (exported[0] / "export" / "model.litertlm").read_bytes()
     truncated = tmp_path / "truncated.litertlm"
