@@ -346,7 +346,7 @@ def _read(path, begin, end):
         return file.read(end - begin)
 
 
-def teacher_forced_logits(tflite_model, token_ids, num_threads=2):
+def teacher_forced_logits(tflite_model, token_ids, num_threads=2, work_dir=None):
     """The next-token logits `(T, V)` at every position of `token_ids` (T ints), computed by
     the `decode` signature of a bundle's TFLite model one token at a time in LiteRT: what the
     runtime computes, without its sampler. Given rows `(N, T)`, the logits `(N, T, V)`, each row
@@ -354,9 +354,10 @@ def teacher_forced_logits(tflite_model, token_ids, num_threads=2):
     of the weights).
 
     `tflite_model` is the model's bytes or the path of its file. Either way its weights are
-    packed for the CPU into an XNNPACK weight cache in a temporary file, as LiteRT-LM does with a
-    cache folder: the packed weights are then a file mapping the kernel can page out, not more
-    copies of the weights in the process's own memory.
+    packed for the CPU into an XNNPACK weight cache in a temporary file (in `work_dir`, else the
+    system's temporary folder), as LiteRT-LM does with a cache folder: the packed weights are then
+    a file mapping the kernel can page out, not more copies of the weights in the process's own
+    memory.
 
     As LiteRT-LM's CPU executor does, one buffer holds each `kv_cache_*` tensor, bound as the
     signature's input and as its output of the same name, so that each step updates the cache
@@ -373,7 +374,7 @@ def teacher_forced_logits(tflite_model, token_ids, num_threads=2):
 
     token_ids = np.asarray(token_ids)
     rows = token_ids.reshape(-1, token_ids.shape[-1])
-    with tempfile.TemporaryDirectory(prefix="kzoo-xnnpack-") as folder:
+    with tempfile.TemporaryDirectory(prefix="kzoo-xnnpack-", dir=work_dir) as folder:
         # Its own environment, closed here: the default one lives until the process exits, and logs then.
         environment = Environment.create(runtime_path=str(Path(ai_edge_litert.__file__).parent))
         cache = str(Path(folder) / "weights.xnnpack_cache")

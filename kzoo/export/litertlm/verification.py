@@ -46,7 +46,7 @@ class Bundles:
         num_threads: int, the runtime's CPU threads.
         work_dir: a folder for the bundles' working files (the float32 TFLite model, each
             quantized one while its bundle is checked, the runtimes' packed-weight caches); the
-            caller removes it. None for a temporary folder, removed by `close`.
+            caller removes it (the exporter's is in its staging folder).
 
     The models are kept in files, not in memory: LiteRT and LiteRT-LM map them, and pack their
     weights into caches in files (mapped too), so that a check holds the Keras model and about
@@ -67,7 +67,7 @@ class Bundles:
         spans=None,
         generate_tokens=32,
         num_threads=2,
-        work_dir=None,
+        work_dir,
     ):
         from kzoo.tokenizers.tokenizer_json import hugging_face_tokenizer  # keras-hub, tokenizers: only here
 
@@ -90,14 +90,8 @@ class Bundles:
         self.weights = None if sample_weight is None else sample_weight[:, cut]
         self.keras_cross_entropy = verification.quality(self.logits, self.targets, self.weights)["cross_entropy"]
         self.num_threads = num_threads
-        self._temporary = tempfile.TemporaryDirectory(prefix="kzoo-bundles-") if work_dir is None else None
-        self.work_dir = Path(self._temporary.name if work_dir is None else work_dir)
+        self.work_dir = Path(work_dir)
         self._float32 = self.work_dir / "float32.tflite"
-
-    def close(self):
-        """Removes the working files of a temporary `work_dir`."""
-        if self._temporary is not None:
-            self._temporary.cleanup()
 
     def write(self, path, conversion):
         """Writes the bundle `path`, its model made as `conversion` (a key of `CONVERSIONS`),
@@ -124,7 +118,9 @@ class Bundles:
             write_bundle(path, model_file, self.exported.tokenizer.to_str(), self.metadata)
             seconds = time.perf_counter() - start
             with logs.captured_stderr():  # LiteRT logs its CPU delegate
-                logits = litertlm_model.teacher_forced_logits(model_file, self.token_ids, self.num_threads)
+                logits = litertlm_model.teacher_forced_logits(
+                    model_file, self.token_ids, self.num_threads, work_dir=self.work_dir
+                )
             tflite_bytes, ops = model_file.stat().st_size, _op_census(model_file)
         finally:
             if model_file != self._float32:
