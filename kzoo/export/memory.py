@@ -11,14 +11,15 @@ x 4 bytes) and the logits bytes those of the LiteRT-LM check, its held-out rows 
 length over the vocabulary, in float32 (the Keras reference holds them and half as many again).
 
 The constants are fitted, not derived, on two exports measured by `benchmarks/export_memory.py`
-(2026-11-27, 2-core AVX2 host) after the float32 file came to be converted from placeholders
-(`kzoo.export.tflite.placeholders`: TensorFlow's converter no longer holds about ten copies of the
-weights): SmolLM2-135M (W = 0.54 GB, vocabulary 49,152; `--formats litertlm,litertlm_int4
---cache-length 2048 --max-length 256 --num-examples 8`) peaked at 8.65 GB, and Qwen2.5-Coder-0.5B
-(W = 2.52 GB, vocabulary 151,936; `--formats litertlm --num-examples 8`, a 4,096-slot cache) at
-21.0 GB, in its float32 and int8 bundles' LiteRT checks. The estimate gives 8.7 and 21.0 GB. What the
-weight factor counts now is mostly the checks' (LiteRT's packed weights, each runtime that loads a
-bundle, the quantizer's copies), which is where an export's memory is to be cut next.
+(2026-11-27, 2-core AVX2 host) once the LiteRT-LM checks read each bundle's model from a file and
+LiteRT and LiteRT-LM pack its weights into caches in files: SmolLM2-135M (W = 0.54 GB, vocabulary
+49,152; `--formats litertlm,litertlm_int4 --cache-length 2048 --max-length 256 --num-examples 8`)
+peaked at 7.85 GB, and Qwen2.5-Coder-0.5B (W = 2.52 GB, vocabulary 151,936; `--formats
+litertlm,litertlm_int4`, a 4,096-slot cache, 8 checked rows of 256 positions) at 17.0 GB, both in
+their int4 bundle's quantization (before, 8.65 and 22.1 GB). The estimate gives 7.9 and 17.1 GB.
+What the weight factor counts is the Keras variables, the copy of the float32 file each
+quantization pass makes, and the file mappings LiteRT reads (resident while read, though the
+kernel can drop them); the base, mostly TensorFlow's converter on the decoder's graph.
 """
 
 import ctypes
@@ -27,9 +28,9 @@ import os
 
 # Copies of the float32 weights resident at an export's peak, and of its check buffers (measured;
 # see the module docstring).
-WEIGHT_COPIES = 5.6
+WEIGHT_COPIES = 4.0
 CHECK_COPIES = 1.5
-BASE_BYTES = int(4.9e9)
+BASE_BYTES = int(5.0e9)
 
 
 def float32_weight_bytes(model):
