@@ -128,7 +128,9 @@ def test_the_int4_bundle_keeps_a_4_bit_source_exact(tmp_path):
     types = tensor_types(kept)
     projections = 2 * (64 * 64 + 2 * 64 * 32 + 3 * 64 * 128)
     assert types["INT4"] >= projections // 2
-    assert types["INT8"] == 128 * 64 + 128 * 64  # the table and the Q8_0 projection, and only they
+    # The table and the Q8_0 projection, and the block sums' 0/1 weights (one per input width, 64 and
+    # 128: they read the input quantized as the codes do), and only they.
+    assert types["INT8"] == 128 * 64 + 128 * 64 + sum(width // 32 * width for width in (64, 128))
     assert types["FLOAT32"] >= (projections - 128 * 64) // 32 * 4  # one float32 offset per block
     census = graph_passes.op_census(kept)
     assert census["FULLY_CONNECTED"] >= 3 * 13  # each Q4_1 projection's FC, its offsets' and a sums FC

@@ -151,7 +151,7 @@ def embedding_lookups(flatbuffer):
     return packed(model, len(flatbuffer))
 
 
-def split_fully_connected(flatbuffer, split, residual_tag, offsets_tag):
+def split_fully_connected(flatbuffer, split, residual_tag, offsets_tag, sums_tag):
     """The TFLite `flatbuffer` with each FULLY_CONNECTED op whose constant float32 weights W
     (out, in) `split` cuts into `(residual, offsets, block)` computing
 
@@ -159,8 +159,8 @@ def split_fully_connected(flatbuffer, split, residual_tag, offsets_tag):
 
     the sums an FC of 0/1 weights (one per input tensor), the offsets an FC on them, both in
     float32, added to the residual FC's output; `split` returns None to leave an op as it is.
-    The residual FCs' outputs are named with `residual_tag` and the two new FCs' with
-    `offsets_tag` (the quantizer's recipe picks ops by these names). Weights also read by
+    The residual FCs' outputs are named with `residual_tag`, the sums FCs' with `sums_tag` and
+    the offsets FCs' with `offsets_tag` (the quantizer's recipe picks ops by these names). Weights also read by
     another kind of op (a tied table's lookup) are left alone. Returns `(flatbuffer, ops split)`."""
     model = unpacked(flatbuffer)
     builtin = {max(code.builtinCode, code.deprecatedBuiltinCode): i for i, code in enumerate(model.operatorCodes)}
@@ -250,7 +250,7 @@ def split_fully_connected(flatbuffer, split, residual_tag, offsets_tag):
                         f"{offsets_tag}/block_sums_{number}_{sum_buffer}", sum_shape, buffer=sum_buffer
                     )
                 sums[key] = tensor(
-                    f"{output_name};{offsets_tag}/sums",
+                    f"{output_name};{sums_tag}",
                     [*list(output.shape)[:-1], offsets_shape[1]],
                     None if signature is None else [*signature[:-1], offsets_shape[1]],
                 )

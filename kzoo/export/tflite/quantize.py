@@ -9,8 +9,9 @@ each block of 32 inputs, at most 16 evenly spaced values `offset + step * k` (k 
 asymmetric grid, which LiteRT's symmetric int4 blocks (a scale per block, no zero point) cannot
 hold, so that re-rounding it would cost about as much again as the source's own rounding. Such
 a weight is cut (`source_blocks`) into codes `step * (k - 8)`, which int4 holds exactly, and one
-offset per block, which the file applies in float32 to the sums of the input over each block
-(`graph_passes.split_fully_connected`): an eighth more bytes than int4 alone. A weight of a
+offset per block, which the file applies in float32 to the sums of the input over each block,
+summed from the input as the codes' FC rounds it (`graph_passes.split_fully_connected`): an
+eighth more bytes than int4 alone. A weight of a
 finer source (Q5_0, Q6_K, Q8_0: `finer_source`) stays in int8: int4 never holds fewer bits than
 the source has (Gemma 3 270M, whose "Q4_K_M" file is mostly Q5_0 and Q8_0, lost most of a nat
 with its finer projections cut to int4). Every weight of a model trained in Keras gets
@@ -45,6 +46,7 @@ _CHUNK_VALUES = 1 << 22
 # The names the int4 recipe picks ops by (`graph_passes.split_fully_connected` and
 # `graph_passes.tag_weighted_ops` write them).
 SOURCE_BLOCKS, BLOCK_OFFSETS, FINER_SOURCE = "kzoo_source_blocks", "kzoo_block_offsets", "kzoo_finer_source"
+BLOCK_SUMS = "kzoo_block_sums"
 
 
 def quantize(flatbuffer, conversion):
@@ -55,7 +57,7 @@ def quantize(flatbuffer, conversion):
 
     flatbuffer = embedding_lookups(flatbuffer)
     if conversion == INT4:
-        flatbuffer, _ = split_fully_connected(flatbuffer, source_blocks, SOURCE_BLOCKS, BLOCK_OFFSETS)
+        flatbuffer, _ = split_fully_connected(flatbuffer, source_blocks, SOURCE_BLOCKS, BLOCK_OFFSETS, BLOCK_SUMS)
         flatbuffer, _ = tag_weighted_ops(flatbuffer, finer_source, FINER_SOURCE)
     quantizer = ai_edge_quantizer.Quantizer(flatbuffer, _recipe(conversion))
     # It prints a size summary and progress bars.
@@ -89,6 +91,11 @@ def _recipe(conversion):
         algorithm_key=algorithms.DEQUANTIZED_WEIGHT_RECOVERY,
     )
     manager.add_quantization_config(BLOCK_OFFSETS, operations.FULLY_CONNECTED, algorithm_key=algorithms.NO_QUANTIZE)
+    # The block sums read the input as the codes' FC does, quantized per call (their 0/1 weights
+    # are exact in int8): summed from the float input instead, the offsets keep what the codes'
+    # FC loses of it to the rounding (next to a large activation, most of its small values), and
+    # the two no longer cancel.
+    manager.add_dynamic_config(BLOCK_SUMS, operations.FULLY_CONNECTED, num_bits=8)
     return manager.get_quantization_recipe()
 
 
