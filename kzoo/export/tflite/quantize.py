@@ -109,11 +109,13 @@ def source_blocks(weights, tolerance=1e-5):
     block's c are shifted so that ai-edge-quantizer's recovery (the smallest gap between the
     block's magnitudes, 0 included) finds a step that divides them all."""
     parts = []
-    for rows in _row_chunks(weights):
+    for rows in _row_chunks(weights):  # stops at the first chunk that is no grid
         part = _source_blocks(rows, tolerance)
         if part is None:
             return None
         parts.append(part)
+    if not parts:  # no rows
+        return None
     return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]), INT4_BLOCK
 
 
