@@ -91,12 +91,9 @@ def test_the_int4_bundle_is_within_its_bound_in_the_runtime(tmp_path):
     assert 0 < verification.max_abs_diff(logits, keras_logits) < 0.5 * np.abs(keras_logits).max()
 
 
-def test_the_int4_bundle_keeps_a_4_bit_source_exact(tmp_path):
-    # A model whose projections hold Q4_1 weights (one Q8_0) and whose tied table holds Q8_0:
-    # int4 keeps the Q4_1 projections' own blocks (codes + float32 offsets), and the table and
-    # the Q8_0 projection in int8; the bundle's logits are Keras' up to the activations' int8
-    # rounding. With ai-edge-quantizer's plain int4 blocks everywhere they move by as much as
-    # the logits themselves.
+def q4_source_lm():
+    """`tiny_lm(64)` whose projections hold Q4_1 weights (one Q8_0) and whose tied table holds Q8_0,
+    as a 4-bit GGUF's would."""
     lm = tiny_lm(64)
     rng = np.random.default_rng(0)
     for weight in lm.weights:
@@ -117,7 +114,16 @@ def test_the_int4_bundle_keeps_a_4_bit_source_exact(tmp_path):
             else values.reshape(values.shape[0], -1)
         )
         weight.assign(q4_1(inputs.T).T.reshape(weight.shape))
-    rows = rng.integers(1, 128, (1, 24))
+    return lm
+
+
+def test_the_int4_bundle_keeps_a_4_bit_source_exact(tmp_path):
+    # int4 keeps the Q4_1 projections' own blocks (codes + float32 offsets), and the table and
+    # the Q8_0 projection in int8; the bundle's logits are Keras' up to the activations' int8
+    # rounding. With ai-edge-quantizer's plain int4 blocks everywhere they move by as much as
+    # the logits themselves.
+    lm = q4_source_lm()
+    rows = np.random.default_rng(1).integers(1, 128, (1, 24))
     keras_logits = np.asarray(lm({"token_ids": rows, "padding_mask": np.ones_like(rows)}))[0]
     float32 = litertlm.bundle_model(litertlm.RuntimeSignatures(lm, CACHE_LENGTH), "tflite_fp32")
 
@@ -140,6 +146,48 @@ def test_the_int4_bundle_keeps_a_4_bit_source_exact(tmp_path):
         patch.setattr(quantize, "source_blocks", lambda weights: None)
         patch.setattr(quantize, "finer_source", lambda weights: False)
         assert difference(quantize.quantize(float32, quantize.INT4)) > 0.4 * scale
+
+
+@pytest.mark.parametrize("layout", ["inline", "outside"])
+def test_quantizing_from_file_to_file_makes_the_same_model(tmp_path, layout):
+    # The exporter quantizes its float32 file into another through mappings (`quantize_file`),
+    # holding neither in memory; the file must compute what `quantize` of its bytes does, from
+    # either layout of the float32 file (a model past 2 GB keeps its weights after the flatbuffer).
+    lm = q4_source_lm()
+    float32 = litertlm.bundle_model(litertlm.RuntimeSignatures(lm, CACHE_LENGTH), "tflite_fp32")
+    source = tmp_path / "float32.tflite"
+    if layout == "inline":
+        source.write_bytes(float32)
+    else:
+        with open(source, "wb") as file:
+            graph_passes.write_outside(file, graph_passes.unpacked(float32))
+    rows = np.random.default_rng(1).integers(1, 128, (1, 24))
+    for conversion in (quantize.INT8, quantize.INT4):
+        destination = tmp_path / f"{conversion}.tflite"
+        quantize.quantize_file(source, conversion, destination)
+        written, expected = destination.read_bytes(), quantize.quantize(float32, conversion)
+        assert tensor_types(written) == tensor_types(expected)
+        assert graph_passes.op_census(written) == graph_passes.op_census(expected)
+        np.testing.assert_array_equal(
+            litertlm_model.teacher_forced_logits(written, rows[0]),
+            litertlm_model.teacher_forced_logits(expected, rows[0]),
+        )
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["float32.tflite", f"{quantize.INT8}.tflite", f"{quantize.INT4}.tflite"]
+    )  # nothing left beside them
+
+
+def test_a_failed_quantization_leaves_no_file(tmp_path, monkeypatch):
+    source = tmp_path / "float32.tflite"
+    source.write_bytes(litertlm.bundle_model(litertlm.RuntimeSignatures(tiny_lm(64), CACHE_LENGTH), "tflite_fp32"))
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("the quantizer failed")
+
+    monkeypatch.setattr(quantize, "_recipe", fails)
+    with pytest.raises(RuntimeError, match="the quantizer failed"):
+        quantize.quantize_file(source, quantize.INT8, tmp_path / "int8.tflite")
+    assert [p.name for p in tmp_path.iterdir()] == ["float32.tflite"]
 
 
 def test_a_block_of_one_value_loads_in_litert():

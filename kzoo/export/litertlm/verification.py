@@ -18,7 +18,7 @@ from kzoo.export.litertlm.bundle import write_bundle
 from kzoo.export.litertlm.signatures import RuntimeSignatures
 from kzoo.export.tflite import placeholders
 from kzoo.export.tflite.graph_passes import op_census
-from kzoo.export.tflite.quantize import quantize
+from kzoo.export.tflite.quantize import quantize_file
 
 
 class Bundles:
@@ -113,7 +113,7 @@ class Bundles:
         model_file = self._float32 if conversion == "tflite_fp32" else self.work_dir / f"{conversion}.tflite"
         try:
             if model_file != self._float32:
-                model_file.write_bytes(quantize(self._float32.read_bytes(), conversion))
+                quantize_file(self._float32, conversion, model_file)
             memory.release_freed_memory()  # the converter's or the quantizer's, before LiteRT loads the model
             write_bundle(path, model_file, self.exported.tokenizer.to_str(), self.metadata)
             seconds = time.perf_counter() - start

@@ -123,6 +123,12 @@ def embedding_lookups(flatbuffer):
     stores an EMBEDDING_LOOKUP's table in int4, and leaves a GATHER's in float32, where a tied
     table would stay in float32 beside its int4 copy (the output layer's), larger than the int8 file."""
     model = unpacked(flatbuffer)
+    make_embedding_lookups(model)
+    return packed(model, len(flatbuffer))
+
+
+def make_embedding_lookups(model):
+    """`embedding_lookups` on a `schema.ModelT`, in place."""
     gathers = {
         index
         for index, code in enumerate(model.operatorCodes)
@@ -148,7 +154,6 @@ def embedding_lookups(flatbuffer):
                 op.opcodeIndex = len(model.operatorCodes) - 1
                 op.inputs = [op.inputs[1], op.inputs[0]]  # EMBEDDING_LOOKUP(ids, table)
                 op.builtinOptionsType, op.builtinOptions = schema.BuiltinOptions.NONE, None
-    return packed(model, len(flatbuffer))
 
 
 def split_fully_connected(flatbuffer, split, residual_tag, offsets_tag, sums_tag):
@@ -163,10 +168,18 @@ def split_fully_connected(flatbuffer, split, residual_tag, offsets_tag, sums_tag
     the offsets FCs' with `offsets_tag` (the quantizer's recipe picks ops by these names). Weights also read by
     another kind of op (a tied table's lookup) are left alone. Returns `(flatbuffer, ops split)`."""
     model = unpacked(flatbuffer)
+    added, count = make_split_fully_connected(model, split, residual_tag, offsets_tag, sums_tag)
+    if not count:
+        return flatbuffer, 0
+    return packed(model, len(flatbuffer) + added), count
+
+
+def make_split_fully_connected(model, split, residual_tag, offsets_tag, sums_tag):
+    """`split_fully_connected` on a `schema.ModelT`, in place. Returns `(bytes added, ops split)`."""
     builtin = {max(code.builtinCode, code.deprecatedBuiltinCode): i for i, code in enumerate(model.operatorCodes)}
     fc = builtin.get(schema.BuiltinOperator.FULLY_CONNECTED)
     if fc is None:
-        return flatbuffer, 0
+        return 0, 0
     if schema.BuiltinOperator.ADD not in builtin:
         code = schema.OperatorCodeT()
         code.builtinCode = code.deprecatedBuiltinCode = schema.BuiltinOperator.ADD
@@ -289,9 +302,7 @@ def split_fully_connected(flatbuffer, split, residual_tag, offsets_tag, sums_tag
             )
             count += 1
         subgraph.operators = operators
-    if not count:
-        return flatbuffer, 0
-    return packed(model, len(flatbuffer) + added), count
+    return added, count
 
 
 def tag_weighted_ops(flatbuffer, choose, tag):
@@ -299,6 +310,14 @@ def tag_weighted_ops(flatbuffer, choose, tag):
     EMBEDDING_LOOKUP ops whose constant float32 2-D weights (a lookup's table) `choose` accepts;
     the quantizer's recipe picks ops by these names. Returns `(flatbuffer, ops tagged)`."""
     model = unpacked(flatbuffer)
+    count = tag_ops(model, choose, tag)
+    if not count:
+        return flatbuffer, 0
+    return packed(model, len(flatbuffer)), count
+
+
+def tag_ops(model, choose, tag):
+    """`tag_weighted_ops` on a `schema.ModelT`, in place. Returns the ops tagged."""
     weighted = {
         i
         for i, code in enumerate(model.operatorCodes)
@@ -319,9 +338,7 @@ def tag_weighted_ops(flatbuffer, choose, tag):
                 name = output.name.decode() if isinstance(output.name, bytes) else output.name
                 output.name = f"{name};{tag}"
                 count += 1
-    if not count:
-        return flatbuffer, 0
-    return packed(model, len(flatbuffer)), count
+    return count
 
 
 def _constant_matrix(model, tensor):
@@ -361,15 +378,22 @@ def packed(model, size):
     new, and `Builder.Output` is a copy: from a small builder, the bytes of a model's weights
     were held up to four times over."""
     if size >= FLATBUFFER_LIMIT:
-        large = {
-            index: (lambda data=buffer.data: data)
-            for index, buffer in enumerate(model.buffers)
-            if buffer.data is not None and len(buffer.data) >= _OUTSIDE_BYTES
-        }
         file = io.BytesIO()
-        write(file, model, large)
+        write_outside(file, model)
         return file.getvalue()
     return _inline(model, size)
+
+
+def write_outside(file, model):
+    """Writes `model` (a `schema.ModelT`) to the binary `file` with its buffers of
+    `_OUTSIDE_BYTES` or more after the flatbuffer (`write`), whatever its size. Returns the
+    bytes written."""
+    large = {
+        index: (lambda data=buffer.data: data)
+        for index, buffer in enumerate(model.buffers)
+        if buffer.data is not None and len(buffer.data) >= _OUTSIDE_BYTES
+    }
+    return write(file, model, large)
 
 
 def _inline(model, size):

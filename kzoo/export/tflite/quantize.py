@@ -21,14 +21,15 @@ measurements that chose this: SmolLM2, Qwen2.5-Coder-0.5B, Gemma 3 270M.
 
 import contextlib
 import io
+import mmap
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 
+from kzoo import files
 from kzoo import logs
-from kzoo.export.tflite.graph_passes import embedding_lookups
-from kzoo.export.tflite.graph_passes import split_fully_connected
-from kzoo.export.tflite.graph_passes import tag_weighted_ops
+from kzoo.export.tflite import graph_passes
 
 INT8, INT4 = "int8_channelwise", "int4_blockwise32"
 INT4_BLOCK = 32
@@ -52,17 +53,65 @@ BLOCK_SUMS = "kzoo_block_sums"
 def quantize(flatbuffer, conversion):
     """The float32 TFLite model `flatbuffer` quantized by ai-edge-quantizer as `conversion` says
     (`INT8` or `INT4`), its table lookups first made EMBEDDING_LOOKUP ops (`embedding_lookups`)
-    and, for `INT4`, its 4-bit source weights cut into codes and block offsets (`source_blocks`)."""
+    and, for `INT4`, its 4-bit source weights cut into codes and block offsets (`source_blocks`).
+    `quantize_file` makes the same file without holding the model in memory."""
+    model = graph_passes.unpacked(flatbuffer)
+    added = _prepare(model, conversion)
+    prepared = graph_passes.packed(model, len(flatbuffer) + added)
+    del model
+    return _quantized(prepared, conversion)
+
+
+def quantize_file(source, conversion, destination):
+    """`quantize` from the float32 TFLite file `source` to the file `destination` (written whole
+    or not at all), holding neither model in memory.
+
+    The source is read through a mapping and its rewrites (`_prepare`) are made on one unpacked
+    model whose weights are views of it; the rewritten model goes to a file beside
+    `destination`, its weights one at a time (`graph_passes.write`), which ai-edge-quantizer
+    maps and quantizes into `destination`, also through a mapping. Reading the source into
+    bytes and packing each rewrite held three or four copies of its weights: 6 GB over a
+    2.5 GB model."""
+    source, destination = Path(source), Path(destination)
+    with files.atomic_file(destination, None) as staged:
+        prepared = staged.with_name(staged.name + ".float32")
+        staged.touch()  # with the usual permissions: the quantizer creates its file executable
+        try:
+            with open(source, "rb") as file:
+                mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+            # The model's arrays are views of the mapping: it is unmapped with the last of them.
+            model = graph_passes.unpacked(mapped)
+            _prepare(model, conversion)
+            with open(prepared, "wb") as out:
+                graph_passes.write_outside(out, model)
+            del model, mapped
+            _quantized(prepared, conversion, str(staged))
+        finally:
+            prepared.unlink(missing_ok=True)
+
+
+def _prepare(model, conversion):
+    """The rewrites `quantize` makes before the quantizer, on a `schema.ModelT` in place: table
+    lookups as EMBEDDING_LOOKUP, and for `INT4` the 4-bit sources split and the finer ones
+    tagged. Returns the bytes the rewrites added."""
+    graph_passes.make_embedding_lookups(model)
+    if conversion != INT4:
+        return 0
+    added, _ = graph_passes.make_split_fully_connected(model, source_blocks, SOURCE_BLOCKS, BLOCK_OFFSETS, BLOCK_SUMS)
+    graph_passes.tag_ops(model, finer_source, FINER_SOURCE)
+    return added
+
+
+def _quantized(model, conversion, path=None):
+    """ai-edge-quantizer's quantization of `model` (bytes, or a file's Path, which it maps) by the
+    recipe of `conversion`: its bytes, or None once written to the file `path` (through a mapping)."""
     import ai_edge_quantizer
 
-    flatbuffer = embedding_lookups(flatbuffer)
-    if conversion == INT4:
-        flatbuffer, _ = split_fully_connected(flatbuffer, source_blocks, SOURCE_BLOCKS, BLOCK_OFFSETS, BLOCK_SUMS)
-        flatbuffer, _ = tag_weighted_ops(flatbuffer, finer_source, FINER_SOURCE)
-    quantizer = ai_edge_quantizer.Quantizer(flatbuffer, _recipe(conversion))
+    quantizer = ai_edge_quantizer.Quantizer(model, _recipe(conversion))
     # It prints a size summary and progress bars.
     with logs.captured_stderr(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        return bytes(quantizer.quantize().quantized_model)
+        result = quantizer.quantize(serialize_to_path=path)
+    return None if path is not None else bytes(result.quantized_model)
 
 
 def _recipe(conversion):
