@@ -19,6 +19,7 @@ litertlm,litertlm_int4 --overwrite`.
 import argparse
 import contextlib
 import importlib
+import inspect
 import json
 import os
 import sys
@@ -42,10 +43,11 @@ STAGES = (
     ("kzoo.export.tflite.placeholders", "convert", "TensorFlow's converter, placeholders"),
     ("kzoo.export.tflite.placeholders", "resolve", "the real weights' buffers"),
     ("kzoo.export.tflite.graph_passes", "shared_subgraphs", "merge identical subgraphs"),
-    ("kzoo.export.litertlm.verification", "quantize", "quantize"),
-    ("kzoo.export.tflite.quantize", "embedding_lookups", "gathers as embedding lookups"),
+    ("kzoo.export.litertlm.verification", "quantize_file", "quantize"),
+    ("kzoo.export.tflite.quantize", "_prepare", "rewrites before the quantizer"),
+    ("kzoo.export.tflite.quantize", "_quantized", "ai-edge-quantizer"),
     ("kzoo.export.litertlm.verification", "write_bundle", "write the bundle"),
-    ("kzoo.export.litertlm_model", "teacher_forced_logits", "LiteRT decode logits"),
+    ("kzoo.export.litertlm_model", "teacher_forced_rows", "LiteRT decode logits"),
     ("kzoo.export.litertlm.verification", "_op_census", "op census"),
     ("kzoo.export.litertlm_model", "LiteRTLMModel", "LiteRT-LM loads the bundle"),
     ("kzoo.export.litertlm.verification", "_run_cases", "LiteRT-LM greedy generations"),
@@ -119,7 +121,11 @@ def instrument(sampler):
             with sampler.stage(__name, **detail):
                 return __function(*args, **kwargs)
 
-        setattr(owner, leaf, wrapped)
+        def wrapped_generator(*args, __function=function, __name=name, **kwargs):
+            with sampler.stage(__name):  # from its first item to its last
+                yield from __function(*args, **kwargs)
+
+        setattr(owner, leaf, wrapped_generator if inspect.isgeneratorfunction(function) else wrapped)
     import tensorflow as tf
 
     make = tf.lite.TFLiteConverter.from_concrete_functions

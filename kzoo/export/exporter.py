@@ -55,8 +55,8 @@ COMPARED_ROWS = 4
 REFERENCE_ROWS = 4
 # The full length checked when no `max_length` is given (or the model's maximum, or the cache,
 # where shorter): each check is a pass of this length per held-out row, on the Keras model and
-# on every file, and the LiteRT-LM check holds its rows' logits (8 x 256 x 151,936 float32s,
-# 1.2 GB, at Qwen2.5's vocabulary).
+# on every file, and the Keras reference holds the LiteRT-LM check's rows' logits until the
+# check has them in a file (8 x 256 x 151,936 float32s, 1.2 GB, at Qwen2.5's vocabulary).
 DEFAULT_CHECK_LENGTH = 256
 
 

@@ -350,8 +350,23 @@ def teacher_forced_logits(tflite_model, token_ids, num_threads=2, work_dir=None)
     """The next-token logits `(T, V)` at every position of `token_ids` (T ints), computed by
     the `decode` signature of a bundle's TFLite model one token at a time in LiteRT: what the
     runtime computes, without its sampler. Given rows `(N, T)`, the logits `(N, T, V)`, each row
+    from an empty cache (`teacher_forced_rows`, which gives one row at a time)."""
+    import numpy as np
+
+    token_ids = np.asarray(token_ids)
+    rows = token_ids.reshape(-1, token_ids.shape[-1])
+    logits = None
+    for i, row in enumerate(teacher_forced_rows(tflite_model, rows, num_threads, work_dir)):
+        if logits is None:  # filled in place: a real vocabulary's are gigabytes
+            logits = np.empty((len(rows), *row.shape), np.float32)
+        logits[i] = row
+    return logits.reshape(*token_ids.shape, -1)
+
+
+def teacher_forced_rows(tflite_model, rows, num_threads=2, work_dir=None):
+    """Yields `teacher_forced_logits` of each of the int `rows` `(N, T)` in turn, `(T, V)`, each
     from an empty cache, the model compiled once for all of them (each compilation packs a copy
-    of the weights).
+    of the weights); a caller that compares each row as it comes holds one row's logits, not N.
 
     `tflite_model` is the model's bytes or the path of its file. Either way its weights are
     packed for the CPU into an XNNPACK weight cache in a temporary file (in `work_dir`, else the
@@ -366,14 +381,11 @@ def teacher_forced_logits(tflite_model, token_ids, num_threads=2, work_dir=None)
     and frees the model (`kzoo.logs.captured_stderr` keeps that out of kzoo's output).
     """
     import ai_edge_litert
-    import numpy as np
     from ai_edge_litert.compiled_model import CompiledModel
     from ai_edge_litert.environment import Environment
     from ai_edge_litert.options import CpuOptions
     from ai_edge_litert.options import Options
 
-    token_ids = np.asarray(token_ids)
-    rows = token_ids.reshape(-1, token_ids.shape[-1])
     with tempfile.TemporaryDirectory(prefix="kzoo-xnnpack-", dir=work_dir) as folder:
         # Its own environment, closed here: the default one lives until the process exits, and logs then.
         environment = Environment.create(runtime_path=str(Path(ai_edge_litert.__file__).parent))
@@ -384,15 +396,14 @@ def teacher_forced_logits(tflite_model, token_ids, num_threads=2, work_dir=None)
         else:
             model = CompiledModel.from_buffer(bytes(tflite_model), environment=environment, options=options)
         try:
-            logits = _decoded_logits(model, rows)
+            yield from _decoded_rows(model, rows)
         finally:
             model.close()
             environment.close()
-    return logits.reshape(*token_ids.shape, -1)
 
 
-def _decoded_logits(model, rows):
-    """`teacher_forced_logits` of the compiled `model` over int `rows` `(N, T)`: `(N, T, V)`."""
+def _decoded_rows(model, rows):
+    """`teacher_forced_rows` of the compiled `model` over int `rows` `(N, T)`: `(T, V)` each."""
     import numpy as np
 
     details = model.get_input_tensor_details("decode")
@@ -400,13 +411,13 @@ def _decoded_logits(model, rows):
     logits = model.create_output_buffer_by_name("decode", "logits")
     outputs = {"logits": logits, **{name: buffer for name, buffer in inputs.items() if name.startswith("kv_cache_")}}
     size = model.get_output_tensor_details("decode")["logits"]["shape"][-1]  # (1, 1, V)
-    result = np.empty((*rows.shape, size), np.float32)  # filled in place: a real vocabulary's are gigabytes
-    for row, row_logits in zip(rows, result):
+    for row in np.asarray(rows):
         for name, tensor in details.items():  # an empty cache for each row
             inputs[name].write(np.zeros(tensor["shape"], tensor["dtype"]))
+        row_logits = np.empty((len(row), size), np.float32)
         for position, token in enumerate(row):
             inputs["tokens"].write(np.asarray([[token]], np.int32))
             inputs["input_pos"].write(np.asarray([position], np.int32))
             model.run_by_name("decode", inputs, outputs)
             row_logits[position] = logits.read(size, np.float32)
-    return result
+        yield row_logits

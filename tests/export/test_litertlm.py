@@ -434,7 +434,7 @@ def test_a_bundle_litert_cannot_load_is_an_export_error_naming_it(tmp_path, monk
     def refused(*args, **kwargs):
         raise RuntimeError("CompiledModel error: code=3, Failed to build TFL interpreter")
 
-    monkeypatch.setattr(litertlm_model, "teacher_forced_logits", refused)
+    monkeypatch.setattr(litertlm_model, "teacher_forced_rows", refused)
     with pytest.raises(export.ExportError, match="litertlm: LiteRT could not run the bundle's model: .*interpreter"):
         export.export(
             tmp_path / "model.keras", tmp_path / "out", formats=["litertlm"], num_examples=2, generate_tokens=4
