@@ -1,25 +1,29 @@
 """How much memory an export needs, and whether the host has it: `check_memory`.
 
-An export holds several copies of the model's weights at once (the Keras variables, the flatbuffer
-bytes, the quantizer's, LiteRT's packed weights in the checks), so its
-peak grows with the model's float32 weight bytes W. `estimated_peak_bytes` models it as
+An export holds two to three copies of the model's weights at its peak (the Keras variables; a
+bundle's file mapped by LiteRT in its check with the weights XNNPACK packed from it, in a cache
+file, also mapped; the int4 rewrites reading every weight of the mapped float32 file), so its peak
+grows with the model's float32 weight bytes W.
+`estimated_peak_bytes` models it as
 
     peak = WEIGHT_COPIES x W + CHECK_COPIES x (cache bytes + logits bytes) + BASE_BYTES
 
 where the cache bytes are one bundle's KV cache (layers x 2 x KV heads x cache length x head width
 x 4 bytes) and the logits bytes those of the LiteRT-LM check, its held-out rows of the checked
-length over the vocabulary, in float32 (the Keras reference holds them and half as many again).
+length over the vocabulary, in float32 (the Keras reference computes them at once before the
+check keeps them in a file).
 
-The constants are fitted, not derived, on two exports measured by `benchmarks/export_memory.py`
-(2026-11-27, 2-core AVX2 host) once the LiteRT-LM checks read each bundle's model from a file and
-LiteRT and LiteRT-LM pack its weights into caches in files: SmolLM2-135M (W = 0.54 GB, vocabulary
-49,152; `--formats litertlm,litertlm_int4 --cache-length 2048 --max-length 256 --num-examples 8`)
-peaked at 7.85 GB, and Qwen2.5-Coder-0.5B (W = 2.52 GB, vocabulary 151,936; `--formats
-litertlm,litertlm_int4`, a 4,096-slot cache, 8 checked rows of 256 positions) at 17.0 GB, both in
-their int4 bundle's quantization (before, 8.65 and 22.1 GB). The estimate gives 7.9 and 17.1 GB.
-What the weight factor counts is the Keras variables, the copy of the float32 file each
-quantization pass makes, and the file mappings LiteRT reads (resident while read, though the
-kernel can drop them); the base, mostly TensorFlow's converter on the decoder's graph.
+The constants are fitted, not derived, on three exports measured by `benchmarks/export_memory.py`
+and `/usr/bin/time -v` (2026-11-28, 2-core AVX2 host) once the bundles are quantized from file to
+file and the checks compare a row at a time: SmolLM2-135M (W = 0.54 GB, vocabulary 49,152;
+`--formats litertlm,litertlm_int4 --cache-length 2048 --representative-data kzoo_tiny_shakespeare
+--max-length 256 --num-examples 8`) peaked at 6.6 GB, Qwen2.5-Coder-0.5B (W = 2.52 GB, vocabulary
+151,936; `--formats litertlm,litertlm_int4`, a 4,096-slot cache, 8 checked rows of 256 positions)
+at 11.0 GB and Qwen2.5-Coder-1.5B (W = 7.11 GB, the same settings) at 23.7 GB in its int4
+bundle's rewrites (20.8 GB in its float32 bundle's check). The estimate gives 6.6, 13.0 and 26.0
+GB. Mapped files count while their pages are resident, though the kernel can drop them (the 1.5B
+exported on a 23.9 GB host); the base is mostly TensorFlow, its traced functions and its
+converter's graph of the decoder.
 """
 
 import ctypes
@@ -28,9 +32,9 @@ import os
 
 # Copies of the float32 weights resident at an export's peak, and of its check buffers (measured;
 # see the module docstring).
-WEIGHT_COPIES = 4.0
-CHECK_COPIES = 1.5
-BASE_BYTES = int(5.0e9)
+WEIGHT_COPIES = 2.8
+CHECK_COPIES = 1.0
+BASE_BYTES = int(4.6e9)
 
 
 def float32_weight_bytes(model):
