@@ -59,3 +59,16 @@ def test_litertlm_benchmark_measures_every_row():
         "int8_end_to_end_over_keras",
         "fp32_file_over_weights",
     }
+
+
+def test_every_export_memory_stage_names_a_function_its_callers_look_up():
+    # A stage whose function was renamed would silently drop out of the table.
+    import importlib
+
+    from benchmarks import export_memory
+
+    for module_name, attribute, _ in export_memory.STAGES:
+        owner = importlib.import_module(module_name)
+        for part in attribute.split("."):
+            owner = getattr(owner, part)
+        assert callable(owner), (module_name, attribute)
