@@ -156,9 +156,9 @@ def make_embedding_lookups(model):
                 op.builtinOptionsType, op.builtinOptions = schema.BuiltinOptions.NONE, None
 
 
-def split_fully_connected(flatbuffer, split, residual_tag, offsets_tag, sums_tag):
-    """The TFLite `flatbuffer` with each FULLY_CONNECTED op whose constant float32 weights W
-    (out, in) `split` cuts into `(residual, offsets, block)` computing
+def split_fully_connected(model, split, residual_tag, offsets_tag, sums_tag):
+    """`model` (a `schema.ModelT`, changed in place) with each FULLY_CONNECTED op whose constant
+    float32 weights W (out, in) `split` cuts into `(residual, offsets, block)` computing
 
         y = x @ residual^T + sums(x) @ offsets^T,   sums(x)[j] = x[j * block : (j + 1) * block].sum()
 
@@ -166,16 +166,7 @@ def split_fully_connected(flatbuffer, split, residual_tag, offsets_tag, sums_tag
     float32, added to the residual FC's output; `split` returns None to leave an op as it is.
     The residual FCs' outputs are named with `residual_tag`, the sums FCs' with `sums_tag` and
     the offsets FCs' with `offsets_tag` (the quantizer's recipe picks ops by these names). Weights also read by
-    another kind of op (a tied table's lookup) are left alone. Returns `(flatbuffer, ops split)`."""
-    model = unpacked(flatbuffer)
-    added, count = make_split_fully_connected(model, split, residual_tag, offsets_tag, sums_tag)
-    if not count:
-        return flatbuffer, 0
-    return packed(model, len(flatbuffer) + added), count
-
-
-def make_split_fully_connected(model, split, residual_tag, offsets_tag, sums_tag):
-    """`split_fully_connected` on a `schema.ModelT`, in place. Returns `(bytes added, ops split)`."""
+    another kind of op (a tied table's lookup) are left alone. Returns `(bytes added, ops split)`."""
     builtin = {max(code.builtinCode, code.deprecatedBuiltinCode): i for i, code in enumerate(model.operatorCodes)}
     fc = builtin.get(schema.BuiltinOperator.FULLY_CONNECTED)
     if fc is None:
@@ -305,19 +296,10 @@ def make_split_fully_connected(model, split, residual_tag, offsets_tag, sums_tag
     return added, count
 
 
-def tag_weighted_ops(flatbuffer, choose, tag):
-    """The TFLite `flatbuffer` with `tag` added to the output names of the FULLY_CONNECTED and
-    EMBEDDING_LOOKUP ops whose constant float32 2-D weights (a lookup's table) `choose` accepts;
-    the quantizer's recipe picks ops by these names. Returns `(flatbuffer, ops tagged)`."""
-    model = unpacked(flatbuffer)
-    count = tag_ops(model, choose, tag)
-    if not count:
-        return flatbuffer, 0
-    return packed(model, len(flatbuffer)), count
-
-
-def tag_ops(model, choose, tag):
-    """`tag_weighted_ops` on a `schema.ModelT`, in place. Returns the ops tagged."""
+def tag_weighted_ops(model, choose, tag):
+    """`model` (a `schema.ModelT`, changed in place) with `tag` added to the output names of the
+    FULLY_CONNECTED and EMBEDDING_LOOKUP ops whose constant float32 2-D weights (a lookup's table) `choose` accepts;
+    the quantizer's recipe picks ops by these names. Returns the ops tagged."""
     weighted = {
         i
         for i, code in enumerate(model.operatorCodes)

@@ -97,8 +97,8 @@ def _prepare(model, conversion):
     graph_passes.make_embedding_lookups(model)
     if conversion != INT4:
         return 0
-    added, _ = graph_passes.make_split_fully_connected(model, source_blocks, SOURCE_BLOCKS, BLOCK_OFFSETS, BLOCK_SUMS)
-    graph_passes.tag_ops(model, finer_source, FINER_SOURCE)
+    added, _ = graph_passes.split_fully_connected(model, source_blocks, SOURCE_BLOCKS, BLOCK_OFFSETS, BLOCK_SUMS)
+    graph_passes.tag_weighted_ops(model, finer_source, FINER_SOURCE)
     return added
 
 
