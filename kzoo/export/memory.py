@@ -62,8 +62,13 @@ def estimated_peak_bytes(weight_bytes, cache_bytes=0, logits_bytes=0):
 def release_freed_memory():
     """Collects Python's garbage and hands the C heap's free pages back to the system (glibc's
     `malloc_trim`; elsewhere a garbage collection alone): TensorFlow's converter frees gigabytes
-    that glibc otherwise keeps in its arenas, resident through the checks that follow."""
-    gc.collect()
+    that glibc otherwise keeps in its arenas, resident through the checks that follow.
+
+    Collects until a pass finds nothing: a traced function's graph is a cycle that a first
+    pass only frees the way to (its weights' handles go in a second)."""
+    for _ in range(8):
+        if not gc.collect():
+            break
     try:
         ctypes.CDLL(None).malloc_trim(0)
     except (OSError, AttributeError):  # not glibc

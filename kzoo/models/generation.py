@@ -257,9 +257,12 @@ def generate(model, prompts, *, max_length, max_new_tokens, sampler, stop_token_
     functions = _COMPILED.setdefault(model, {})
     key = (batch, length, prefill, sampler_key(sampler), jit_compile)
     if key not in functions:
+        # A weak reference: the function is the cache's value, and one that held its model (the
+        # cache's key) would keep the model, and its weights, alive for as long as the process.
+        model_ref = weakref.ref(model)
 
         def decode(token_ids, prompt_mask, stop_token_ids, noise, context):
-            return decode_loop(model, sampler, token_ids, prompt_mask, prefill, stop_token_ids, noise, context)
+            return decode_loop(model_ref(), sampler, token_ids, prompt_mask, prefill, stop_token_ids, noise, context)
 
         functions[key] = compile_function(decode, jit_compile)
     ids, generated = functions[key](token_ids, prompt_mask, stop, sampler.noise(length, batch), context or {})

@@ -20,6 +20,8 @@ def get_activation(name):
     """
     if name == "gelu_approximate":
         return gelu_approximate
+    if name in ("silu", "swish"):
+        return silu
     try:
         return keras.activations.get(name)
     except ValueError as error:
@@ -27,6 +29,21 @@ def get_activation(name):
             "`activation` must be a Keras activation name (e.g. 'relu', 'gelu') "
             f"or 'gelu_approximate'; received activation={name!r}."
         ) from error
+
+
+def silu(x):
+    """SiLU (swish), x sigmoid(x), as `keras.activations.silu` computes it.
+
+    Written out because TensorFlow's `tf.nn.silu` is a `tf.custom_gradient`, which in a traced
+    function registers its gradient in TensorFlow's global registry, never cleared, with the
+    traced graph in its closure (tensorflow#97697): every function that ran the activation
+    kept its model's weights alive after the model was deleted.
+
+    Example:
+    >>> keras.ops.convert_to_numpy(silu(keras.ops.array([-1.0, 0.0, 1.0]))).round(4)
+    array([-0.2689,  0.    ,  0.7311], dtype=float32)
+    """
+    return x * ops.sigmoid(x)
 
 
 def gelu_approximate(x):

@@ -136,10 +136,12 @@ def generate(
     functions = _COMPILED.setdefault(target, weakref.WeakKeyDictionary()).setdefault(draft_model, {})
     key = (length, prefill, k, generation.sampler_key(sampler), jit_compile)
     if key not in functions:
+        # Weak references, as in `generation.generate`: the cache's keys are the two models.
+        target_ref, draft_ref = weakref.ref(target), weakref.ref(draft_model)
 
         def run(token_ids, prompt_mask, stop_token_ids, noise):
             return speculative_loop(
-                target, draft_model, sampler, token_ids, prompt_mask, prefill, k, stop_token_ids, noise
+                target_ref(), draft_ref(), sampler, token_ids, prompt_mask, prefill, k, stop_token_ids, noise
             )
 
         functions[key] = generation.compile_function(run, jit_compile)
