@@ -112,7 +112,10 @@ def export(
 
     Args:
         model: a kzoo task model, the path of its `.keras` file, or a causal LM checkpoint: a GGUF
-            file or a preset whose package installs its weights (`smollm2_135m_instruct`).
+            file or a preset whose package installs its weights (`smollm2_135m_instruct`). A model
+            the export loads itself is let go of once the LiteRT-LM bundles' float32 file is
+            converted, so that their checks run without its weights (a model passed as an object
+            is the caller's, held through them).
         output_dir: the folder to create.
         formats: iterable or comma-separated string of `FORMATS`; defaults
             to `DEFAULT_FORMATS` (all but the opt-in full integer "tflite_int8").
@@ -191,7 +194,11 @@ def export(
     )
     with _output_folder(output_dir, overwrite) as staging:
         context = Context(model, settings, staging)
-        records = {format.name: format.build(context) for format in context.formats}
+        records = {}
+        for i, format in enumerate(context.formats):
+            if context.owns_model and not any(later.needs_keras_model for later in context.formats[i:]):
+                context.release_model()
+            records[format.name] = format.build(context)
         shutil.rmtree(context.work_dir, ignore_errors=True)
         failures = [failure for format in context.formats for failure in format.failures(records[format.name])]
         if failures:
@@ -208,9 +215,14 @@ class Context:
     """What the formats of one export share: the model (`path`: its `.keras` file or None),
     its task, input names and tokenizer, `export`'s `settings` by name, the `staging` folder,
     the held-out `data`, and what the Keras model gives on it. The costly parts (the traced
-    signatures, Keras' generations) are computed when a format first asks for them."""
+    signatures, Keras' generations) are computed when a format first asks for them.
+
+    A model the export loaded itself (`owns_model`: from a path, not a model object) is let go
+    once the formats left need only what was computed from it (`release_model`): the LiteRT-LM
+    checks then run without the Keras model's weights beside the bundle's."""
 
     def __init__(self, model, settings, staging):
+        self.owns_model = not isinstance(model, keras.Model)
         self.model, self.path = _load_model(model)
         self.settings, self.staging = settings, staging
         self.task = _checked(task_of, self.model)
@@ -226,6 +238,21 @@ class Context:
         self.formats = self._applicable(settings.formats)
         self.memory = self._memory_estimate(settings.ignore_memory_estimate)
         self.data = _export_data(self, settings)
+        self.model_record = self._model_record()
+
+    def release_model(self):
+        """Drops this export's references to the Keras model, after computing what the LiteRT-LM
+        bundles take from it (`bundles`, which lets go of it once its float32 file is
+        converted). Only for a model the export loaded (`owns_model`)."""
+        if self.model is None:
+            return
+        if any(isinstance(format, formats_lib.LiteRTLMBundle) for format in self.formats):
+            self.bundles.release_model()
+        self.__dict__.pop("signatures", None)
+        if "keras" in self.__dict__:
+            self.keras.model = None
+        self.model = None
+        memory.release_freed_memory()
 
     def _memory_estimate(self, ignore):
         """`kzoo.export.memory.check_memory` for this export, its refusal an `ExportError` unless
@@ -238,6 +265,7 @@ class Context:
             formats_lib.LITERTLM_ROWS,
             vocabulary_size_of(self.model),
             ignore=ignore,
+            releases_model=self.owns_model,
         )
 
     def _applicable(self, names):
@@ -304,20 +332,24 @@ class Context:
         into place."""
         return self.staging / ".work"
 
+    def _model_record(self):
+        """The report's `model` entry (made while the model is loaded: `release_model`)."""
+        return {
+            "path": None if self.path is None else str(self.path),
+            "class": type(self.model).__name__,
+            "task": self.task,
+            "parameters": int(self.model.count_params()),
+            "vocabulary_size": int(vocabulary_size_of(self.model)),
+            "max_sequence_length": getattr(getattr(self.model, "backbone", None), "max_sequence_length", None),
+            "dtype_policy": self.model.dtype_policy.name,
+            "cache_length": self.cache_length if self.task in ("causal_lm", "seq2seq") else None,
+        }
+
     def report(self, records):
         """The export's report: the model, the data, the tolerances and the formats' `records`."""
         held_out, representative = self.data.held_out, self.data.representative
         return {
-            "model": {
-                "path": None if self.path is None else str(self.path),
-                "class": type(self.model).__name__,
-                "task": self.task,
-                "parameters": int(self.model.count_params()),
-                "vocabulary_size": int(vocabulary_size_of(self.model)),
-                "max_sequence_length": getattr(getattr(self.model, "backbone", None), "max_sequence_length", None),
-                "dtype_policy": self.model.dtype_policy.name,
-                "cache_length": self.cache_length if self.task in ("causal_lm", "seq2seq") else None,
-            },
+            "model": self.model_record,
             "data": {
                 "source": self.data.source,
                 "held_out_examples": len(next(iter(held_out.values()))),
@@ -329,7 +361,9 @@ class Context:
                 "fp32_max_abs_diff_per_unit_logit": verification.FP32_TOLERANCE,
                 "quality_bounds_nats": self.settings.quality_bounds,
             },
-            "keras": {"quality": self.keras.quality},
+            # Measured where a format compares with it; a LiteRT-LM bundle's record has Keras'
+            # cross-entropy on the rows it checks (`quality.keras_cross_entropy`).
+            "keras": {"quality": self.keras.quality if self.keras.measured else None},
             "memory": self.memory,
             "artifacts": records,
             "environment": _environment(),
@@ -338,30 +372,61 @@ class Context:
 
 class KerasReference:
     """The Keras model's outputs that every artifact is compared with: the logits of the first
-    held-out rows at each checked length, and its argmax and quality over all of them. The
-    held-out rows run `REFERENCE_ROWS` at a time, on the Keras model and on each artifact, so
-    that one batch of logits is held at a time, not the whole held-out set's."""
+    held-out rows at each checked length (`logits`), and its argmax and quality over all of them
+    (`argmax`, `quality`), each computed when first asked for (a LiteRT-LM bundle needs neither,
+    only `first_logits`). The held-out rows run `REFERENCE_ROWS` at a time, on the Keras model
+    and on each artifact, so that one batch of logits is held at a time, not the whole held-out
+    set's."""
 
     def __init__(self, model, names, data, length):
         self.model, self.names, self.data = model, names, data
         self.lengths = verification.checked_lengths(length)
-        rows = {name: value[:COMPARED_ROWS] for name, value in data.held_out.items()}
-        self.compared = {n: export_data.crop(rows, n) for n in self.lengths}
-        self.logits = {n: self.predict(inputs) for n, inputs in self.compared.items()}
         self.batches = [
             (self.rows(start), slice(start, start + REFERENCE_ROWS))
             for start in range(0, len(next(iter(data.held_out.values()))), REFERENCE_ROWS)
         ]
+        self.batch_one = {name: value[:1] for name, value in data.held_out.items()}
+
+    @functools.cached_property
+    def compared(self):
+        """The first `COMPARED_ROWS` held-out rows cropped to each checked length."""
+        rows = {name: value[:COMPARED_ROWS] for name, value in self.data.held_out.items()}
+        return {n: export_data.crop(rows, n) for n in self.lengths}
+
+    @functools.cached_property
+    def logits(self):
+        """The Keras logits of `compared`, per checked length."""
+        return {n: self.predict(inputs) for n, inputs in self.compared.items()}
+
+    @functools.cached_property
+    def _held_out(self):
         measure, argmax = verification.Quality(), []
         for inputs, cut in self.batches:
             logits = self.predict(inputs)
             argmax.append(logits.argmax(-1))
-            targets = argmax[-1] if data.targets is None else data.targets[cut]
+            targets = argmax[-1] if self.data.targets is None else self.data.targets[cut]
             measure.add(logits, targets, self.weights(cut))
-        self.argmax = np.concatenate(argmax)
-        self.targets = self.argmax if data.targets is None else data.targets
-        self.quality = measure.result()
-        self.batch_one = {name: value[:1] for name, value in data.held_out.items()}
+        return np.concatenate(argmax), measure.result()
+
+    @property
+    def argmax(self):
+        """The Keras model's next-token argmax at every held-out position."""
+        return self._held_out[0]
+
+    @property
+    def quality(self):
+        """The Keras model's quality over the held-out rows (`verification.Quality`)."""
+        return self._held_out[1]
+
+    @property
+    def measured(self):
+        """Whether `quality` was computed (a format asked for it)."""
+        return "_held_out" in self.__dict__
+
+    @property
+    def targets(self):
+        """The held-out next tokens: the labels, or the Keras argmax for synthetic rows."""
+        return self.argmax if self.data.targets is None else self.data.targets
 
     def rows(self, start, count=REFERENCE_ROWS):
         return {name: value[start : start + count] for name, value in self.data.held_out.items()}

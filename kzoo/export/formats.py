@@ -48,6 +48,8 @@ class Format:
     """One exported file (see the module docstring)."""
 
     name = None
+    # Whether `build` runs the Keras model (or traces it) beyond what the context computed once.
+    needs_keras_model = True
 
     def refusal(self, context):
         return None
@@ -187,6 +189,10 @@ class LiteRTLMBundle(Format):
     the runtime's tokenizer gives Keras' ids, its greedy text is Keras' (float32; int8 and int4:
     the agreement is reported), and its logits over held-out rows are within the float32 tolerance
     or the quality bound."""
+
+    # The bundles' converter and checks take what they need from `context.bundles`, which
+    # converts the float32 file with the model it was given.
+    needs_keras_model = False
 
     def __init__(self, name, file_name, conversion):
         self.name, self.file_name, self.conversion = name, file_name, conversion

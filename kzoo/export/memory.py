@@ -1,29 +1,33 @@
 """How much memory an export needs, and whether the host has it: `check_memory`.
 
-An export holds two to three copies of the model's weights at its peak (the Keras variables; a
-bundle's file mapped by LiteRT in its check with the weights XNNPACK packed from it, in a cache
-file, also mapped; the int4 rewrites reading every weight of the mapped float32 file), so its peak
-grows with the model's float32 weight bytes W.
-`estimated_peak_bytes` models it as
+An export's peak grows with the model's float32 weight bytes W: the Keras variables, TensorFlow's
+converter beside them, a bundle's file mapped by LiteRT in its check with the weights XNNPACK
+packed from it (in a cache file, also mapped), the int4 rewrites reading every weight of the
+mapped float32 file. `estimated_peak_bytes` models it as
 
-    peak = WEIGHT_COPIES x W + CHECK_COPIES x (cache bytes + logits bytes) + BASE_BYTES
+    peak = copies x W + CHECK_COPIES x (cache bytes + logits bytes) + base
 
 where the cache bytes are one bundle's KV cache (layers x 2 x KV heads x cache length x head width
 x 4 bytes) and the logits bytes those of the LiteRT-LM check, its held-out rows of the checked
 length over the vocabulary, in float32 (the Keras reference computes them at once before the
-check keeps them in a file).
+check keeps them in a file). Two sets of constants, fitted, not derived, on exports measured by
+`benchmarks/export_memory.py` and `/usr/bin/time -v` (2-core AVX2 host, `--formats
+litertlm,litertlm_int4`, a 4,096-slot cache, 8 checked rows of 256 positions, unless said):
 
-The constants are fitted, not derived, on three exports measured by `benchmarks/export_memory.py`
-and `/usr/bin/time -v` (2026-11-28, 2-core AVX2 host) once the bundles are quantized from file to
-file and the checks compare a row at a time: SmolLM2-135M (W = 0.54 GB, vocabulary 49,152;
-`--formats litertlm,litertlm_int4 --cache-length 2048 --representative-data kzoo_tiny_shakespeare
---max-length 256 --num-examples 8`) peaked at 6.6 GB, Qwen2.5-Coder-0.5B (W = 2.52 GB, vocabulary
-151,936; `--formats litertlm,litertlm_int4`, a 4,096-slot cache, 8 checked rows of 256 positions)
-at 11.0 GB and Qwen2.5-Coder-1.5B (W = 7.11 GB, the same settings) at 23.7 GB in its int4
-bundle's rewrites (20.8 GB in its float32 bundle's check). The estimate gives 6.6, 13.0 and 26.0
-GB. Mapped files count while their pages are resident, though the kernel can drop them (the 1.5B
-exported on a 23.9 GB host); the base is mostly TensorFlow, its traced functions and its
-converter's graph of the decoder.
+- the export loaded the model itself (from a path: the command line) and lets go of it once the
+  float32 file is converted (`RELEASED_WEIGHT_COPIES`, `RELEASED_BASE_BYTES`; 2026-11-28):
+  Qwen2.5-Coder-0.5B (W = 2.52 GB, vocabulary 151,936) peaked at 9.7 GB in TensorFlow's
+  converter, the Keras model beside it, and -1.5B (W = 7.11 GB) at 15.1 GB in its int4 bundle's
+  rewrites (14.1 GB in the converter); the checks hold no Keras weights. The estimate gives 9.7
+  and 15.2 GB.
+- the caller holds the model (passed as an object) through the checks (`WEIGHT_COPIES`,
+  `BASE_BYTES`; 2026-11-28, before the exporter let go of a model): SmolLM2-135M (W = 0.54 GB,
+  vocabulary 49,152; `--cache-length 2048 --representative-data kzoo_tiny_shakespeare
+  --max-length 256 --num-examples 8`) peaked at 6.6 GB, the 0.5B at 11.0 GB and the 1.5B at
+  23.7 GB in its int4 bundle's rewrites; the estimate gives 6.6, 13.0 and 26.0 GB.
+
+Mapped files count while their pages are resident, though the kernel can drop them; the base is
+mostly TensorFlow, its traced functions and its converter's graph of the decoder.
 """
 
 import ctypes
@@ -31,10 +35,12 @@ import gc
 import os
 
 # Copies of the float32 weights resident at an export's peak, and of its check buffers (measured;
-# see the module docstring).
+# see the module docstring): with the Keras model held through the checks, and let go of.
 WEIGHT_COPIES = 2.8
-CHECK_COPIES = 1.0
 BASE_BYTES = int(4.6e9)
+RELEASED_WEIGHT_COPIES = 1.16
+RELEASED_BASE_BYTES = int(5.5e9)
+CHECK_COPIES = 1.0
 
 
 def float32_weight_bytes(model):
@@ -54,9 +60,11 @@ def cache_bytes(model, cache_length):
     return 4 * layers * 2 * kv_heads * cache_length * head_dim
 
 
-def estimated_peak_bytes(weight_bytes, cache_bytes=0, logits_bytes=0):
-    """The export's estimated peak resident memory (the module docstring's model), in bytes."""
-    return int(WEIGHT_COPIES * weight_bytes + CHECK_COPIES * (cache_bytes + logits_bytes) + BASE_BYTES)
+def estimated_peak_bytes(weight_bytes, cache_bytes=0, logits_bytes=0, releases_model=False):
+    """The export's estimated peak resident memory (the module docstring's model), in bytes;
+    `releases_model`: whether the export lets go of the Keras model before its checks."""
+    copies, base = (RELEASED_WEIGHT_COPIES, RELEASED_BASE_BYTES) if releases_model else (WEIGHT_COPIES, BASE_BYTES)
+    return int(copies * weight_bytes + CHECK_COPIES * (cache_bytes + logits_bytes) + base)
 
 
 def release_freed_memory():
@@ -101,7 +109,15 @@ def resident_bytes(field="VmRSS"):
 
 
 def check_memory(
-    model, cache_length, check_length, check_rows, vocabulary_size, available=None, resident=None, ignore=False
+    model,
+    cache_length,
+    check_length,
+    check_rows,
+    vocabulary_size,
+    available=None,
+    resident=None,
+    ignore=False,
+    releases_model=False,
 ):
     """Raises ValueError when the export's estimated peak does not fit in the memory left.
 
@@ -119,6 +135,8 @@ def check_memory(
             cannot be read either, nothing is checked).
         resident: bytes this process holds now; None reads `resident_bytes()`.
         ignore: bool, return the estimate without raising.
+        releases_model: bool, whether the export lets go of the model before its checks (it
+            loaded the model itself).
 
     Returns:
         `{"estimated_peak_bytes", "available_bytes", "resident_bytes"}`.
@@ -127,11 +145,12 @@ def check_memory(
     resident = resident_bytes() if resident is None else resident
     weights = float32_weight_bytes(model)
     logits = 4 * check_rows * check_length * vocabulary_size
-    peak = estimated_peak_bytes(weights, cache_bytes(model, cache_length), logits)
+    peak = estimated_peak_bytes(weights, cache_bytes(model, cache_length), logits, releases_model)
+    copies, base = (RELEASED_WEIGHT_COPIES, RELEASED_BASE_BYTES) if releases_model else (WEIGHT_COPIES, BASE_BYTES)
     if not ignore and available is not None and peak - resident > available:
         raise ValueError(
-            f"The export is estimated to peak at {peak / 1e9:.1f} GB of memory ({WEIGHT_COPIES:g} x the "
-            f"model's {weights / 1e9:.2f} GB of float32 weights, its checks and {BASE_BYTES / 1e9:g} GB of "
+            f"The export is estimated to peak at {peak / 1e9:.1f} GB of memory ({copies:g} x the "
+            f"model's {weights / 1e9:.2f} GB of float32 weights, its checks and {base / 1e9:g} GB of "
             f"libraries); this process holds {resident / 1e9:.1f} GB and the host has {available / 1e9:.1f} GB "
             "available, so it would run out of memory. Free memory, pass a smaller cache_length (--cache-length) "
             "or max_length (--max-length), or pass ignore_memory_estimate=True (--ignore-memory-estimate) to "

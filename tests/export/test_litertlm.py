@@ -1,5 +1,6 @@
 """LiteRT-LM bundles: run in Google's runtime (litert_lm), they give the Keras model's greedy text."""
 
+import gc
 import importlib.util
 import json
 import lzma
@@ -8,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import types
+import weakref
 
 import keras
 import keras_hub
@@ -440,6 +442,36 @@ def test_a_bundle_litert_cannot_load_is_an_export_error_naming_it(tmp_path, monk
             tmp_path / "model.keras", tmp_path / "out", formats=["litertlm"], num_examples=2, generate_tokens=4
         )
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("given", ["path", "model"])
+def test_a_model_the_export_loaded_is_freed_before_the_runtime_checks(given, tmp_path, monkeypatch):
+    # The LiteRT checks map the bundle's weights and pack them again: with the Keras model's
+    # still resident, a 1.5B export peaked at three copies. A model the caller passed is theirs.
+    lm = one_layer_gpt(vocabulary_size=128, max_sequence_length=16)
+    lm.save(tmp_path / "model.keras")
+    data.save_tokenizer(data.character_tokenizer(128), tmp_path)
+    loaded, alive = [], []
+    real_load, real_rows = exporter._load_model, litertlm_model.teacher_forced_rows
+
+    def load(model):
+        model, path = real_load(model)
+        loaded.append(weakref.ref(model))
+        return model, path
+
+    def rows(*args, **kwargs):
+        gc.collect()
+        alive.append(loaded[0]() is not None)
+        yield from real_rows(*args, **kwargs)
+
+    monkeypatch.setattr(exporter, "_load_model", load)
+    monkeypatch.setattr(litertlm_model, "teacher_forced_rows", rows)
+    source = tmp_path / "model.keras" if given == "path" else keras.saving.load_model(tmp_path / "model.keras")
+    report = export.export(
+        source, tmp_path / "out", formats=["litertlm"], num_examples=2, generate_tokens=4, tokenizer_dir=tmp_path
+    )
+    assert alive == [given == "model"] * 2  # the float32 bundle's check and the int8 one's
+    assert report["model"]["parameters"] == lm.count_params()
 
 
 def test_the_float32_tolerance_scales_with_the_logits():

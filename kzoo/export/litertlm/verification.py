@@ -16,6 +16,8 @@ from kzoo.export.litertlm.bundle import llm_metadata
 from kzoo.export.litertlm.bundle import runtime_chat_template
 from kzoo.export.litertlm.bundle import write_bundle
 from kzoo.export.litertlm.signatures import RuntimeSignatures
+from kzoo.export.litertlm.signatures import attention_spans
+from kzoo.export.litertlm.signatures import prefill_lengths
 from kzoo.export.tflite import placeholders
 from kzoo.export.tflite.graph_passes import op_census
 from kzoo.export.tflite.quantize import quantize_file
@@ -74,18 +76,22 @@ class Bundles:
         from kzoo.tokenizers.tokenizer_json import hugging_face_tokenizer  # keras-hub, tokenizers: only here
 
         self.exported = hugging_face_tokenizer(tokenizer)
-        self.signatures = RuntimeSignatures(model, cache_length, lengths, spans)
-        # The float32 file is converted from placeholders (`placeholders.converted`): the same
-        # file, without the converter's copies of the weights.
+        self.cache_length = cache_length
+        self.prefill_lengths = prefill_lengths(cache_length, lengths)
+        self.spans = attention_spans(cache_length, spans)
+        # Traced only when the float32 file is converted from placeholders
+        # (`placeholders.converted`): the same file, without the converter's copies of the weights.
         self._trace = lambda: RuntimeSignatures(model, cache_length, lengths, spans)
-        self._model = model
+        self._model, self._release = model, False
         chat_template = self.exported.chat_template and runtime_chat_template(
             self.exported.chat_template, getattr(tokenizer, "special_tokens_map", {}), self.exported.start_token_id
         )
         self.metadata = llm_metadata(
             cache_length, self.exported.stop_token_ids, self.exported.start_token_id, chat_template=chat_template
         )
-        self.cases = _generation_cases(model, tokenizer, token_ids, self.signatures, self.exported, generate_tokens)
+        self.cases = _generation_cases(
+            model, tokenizer, token_ids, cache_length, self.prefill_lengths, self.exported, generate_tokens
+        )
         self.positions = min(cache_length, token_ids.shape[1])
         cut = slice(0, self.positions)
         self.token_ids, self.targets = token_ids[:, cut], targets[:, cut]
@@ -115,9 +121,10 @@ class Bundles:
         """
         start = time.perf_counter()
         if not self._float32.exists():  # converted once, quantized per bundle
-            signatures = self.signatures
-            sizes = (signatures.cache_length, *signatures.prefill_lengths, *(signatures.spans or ()))
+            sizes = (self.cache_length, *self.prefill_lengths, *self.spans)
             placeholders.converted(self._model, self._trace, sizes, path=self._float32)
+            if self._release:
+                self.release_model()
         model_file = self._float32 if conversion == "tflite_fp32" else self.work_dir / f"{conversion}.tflite"
         try:
             if model_file != self._float32:
@@ -146,9 +153,9 @@ class Bundles:
             "size_bytes": path.stat().st_size,
             "tflite_bytes": tflite_bytes,
             "description": CONVERSIONS[conversion],
-            "prefill_lengths": list(self.signatures.prefill_lengths),
-            "cache_spans": self.signatures.spans,
-            "max_num_tokens": self.signatures.cache_length,
+            "prefill_lengths": list(self.prefill_lengths),
+            "cache_spans": self.spans,
+            "max_num_tokens": self.cache_length,
             "export_seconds": round(seconds, 2),
             "ops": ops,
             "max_abs_diff": {str(self.positions): largest},
@@ -164,6 +171,16 @@ class Bundles:
                 runtime.close()
         return record
 
+    def release_model(self):
+        """Lets go of the Keras model once the float32 file is converted (now, if it is): the
+        checks need only what was computed from it, and a caller that holds no other reference
+        (the exporter, when it loaded the model) gets its memory back before LiteRT maps the
+        bundles' weights."""
+        self._release = True
+        if self._float32.exists():
+            self._model = self._trace = None
+            memory.release_freed_memory()
+
     def _keras_row(self, i):
         """The Keras logits of checked row `i`, `(positions, V)`, read from their file (mapped only
         while read)."""
@@ -176,16 +193,15 @@ def _op_census(path):
         return op_census(mapped)
 
 
-def _generation_cases(model, tokenizer, rows, signatures, exported, generate_tokens):
+def _generation_cases(model, tokenizer, rows, cache_length, prefill_lengths, exported, generate_tokens):
     """Prompts (text and ids) and the Keras model's greedy continuation of each as text.
 
     Lengths: 1, 7 and, where the cache leaves room, longer than the largest prefill chunk;
     each cut from a held-out row, detokenized and tokenized again (the text is what the
     runtime gets)."""
-    cache_length = signatures.cache_length
     new_tokens = max(1, min(generate_tokens, cache_length // 4))
     longest = cache_length - new_tokens
-    lengths = sorted({1, min(7, longest), min(2 * signatures.prefill_lengths[-1] + 3, longest)})
+    lengths = sorted({1, min(7, longest), min(2 * prefill_lengths[-1] + 3, longest)})
     start = [exported.start_token_id] if exported.start_token_id is not None else []
     cases = []
     for i, length in enumerate(lengths):
@@ -198,15 +214,19 @@ def _generation_cases(model, tokenizer, rows, signatures, exported, generate_tok
             cut = cut[: max(1, len(cut) - (len(start) + len(ids) - longest))]
         new = min(new_tokens, cache_length - len(start) - len(ids))
         cases.append({"prompt": text, "prompt_ids": ids, "new_tokens": new})
-    # One ragged batch, each row generating what it would alone: Keras compiles one decoding
-    # loop for all the prompts, not one per prompt length.
+    # One prompt at a time: a ragged batch steps every row a token at a time from the shortest
+    # prompt's end, so the one-token prompt made the longest one's 515 tokens 515 decode steps
+    # of the whole batch instead of one prefill (three times the time on Qwen2.5-Coder-0.5B).
     prompts = [start + case["prompt_ids"] for case in cases]
-    outputs = model.generate(
-        prompts,
-        max_length=max(len(prompt) + case["new_tokens"] for prompt, case in zip(prompts, cases)),
-        stop_token_ids=exported.stop_token_ids,
-        jit_compile=False,
-    )
+    outputs = [
+        model.generate(
+            [prompt],
+            max_length=len(prompt) + case["new_tokens"],
+            stop_token_ids=exported.stop_token_ids,
+            jit_compile=False,
+        )[0]
+        for prompt, case in zip(prompts, cases)
+    ]
     for prompt, case, output in zip(prompts, cases, outputs):
         generated = output[len(prompt) : len(prompt) + case["new_tokens"]]
         if generated and generated[-1] in exported.stop_token_ids:
