@@ -196,7 +196,7 @@ def test_the_keras_reference_out_of_memory_names_the_lengths_and_writes_nothing(
     monkeypatch.setattr(exporter, "call_model", out_of_memory)
     out = tmp_path / "out"
     assert export_command.main([str(saved_model), "--out", str(out), "--formats", "tflite_fp32"]) == 1
-    message = "The Keras model ran out of memory on 4 held-out rows of length 1: pass a smaller max_length"
+    message = "The Keras model ran out of memory on 4 held-out rows of length 16: pass a smaller max_length"
     assert message in capsys.readouterr().err
     assert leftovers(tmp_path) == []
 
