@@ -215,8 +215,8 @@ def _generation_cases(model, tokenizer, rows, cache_length, prefill_lengths, exp
         new = min(new_tokens, cache_length - len(start) - len(ids))
         cases.append({"prompt": text, "prompt_ids": ids, "new_tokens": new})
     # One prompt at a time: a ragged batch steps every row a token at a time from the shortest
-    # prompt's end, so the one-token prompt made the longest one's 515 tokens 515 decode steps
-    # of the whole batch instead of one prefill (three times the time on Qwen2.5-Coder-0.5B).
+    # prompt's end, so beside the one-token prompt the longest prompt would be read in decode
+    # steps of the whole batch, one per token, instead of in one prefill.
     prompts = [start + case["prompt_ids"] for case in cases]
     outputs = [
         model.generate(
