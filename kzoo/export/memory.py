@@ -63,8 +63,13 @@ def cache_bytes(model, cache_length):
 def estimated_peak_bytes(weight_bytes, cache_bytes=0, logits_bytes=0, releases_model=False):
     """The export's estimated peak resident memory (the module docstring's model), in bytes;
     `releases_model`: whether the export lets go of the Keras model before its checks."""
-    copies, base = (RELEASED_WEIGHT_COPIES, RELEASED_BASE_BYTES) if releases_model else (WEIGHT_COPIES, BASE_BYTES)
+    copies, base = _constants(releases_model)
     return int(copies * weight_bytes + CHECK_COPIES * (cache_bytes + logits_bytes) + base)
+
+
+def _constants(releases_model):
+    """`(weight copies, base bytes)` of the estimate for an export that lets go of its model or not."""
+    return (RELEASED_WEIGHT_COPIES, RELEASED_BASE_BYTES) if releases_model else (WEIGHT_COPIES, BASE_BYTES)
 
 
 def release_freed_memory():
@@ -146,7 +151,7 @@ def check_memory(
     weights = float32_weight_bytes(model)
     logits = 4 * check_rows * check_length * vocabulary_size
     peak = estimated_peak_bytes(weights, cache_bytes(model, cache_length), logits, releases_model)
-    copies, base = (RELEASED_WEIGHT_COPIES, RELEASED_BASE_BYTES) if releases_model else (WEIGHT_COPIES, BASE_BYTES)
+    copies, base = _constants(releases_model)
     if not ignore and available is not None and peak - resident > available:
         raise ValueError(
             f"The export is estimated to peak at {peak / 1e9:.1f} GB of memory ({copies:g} x the "
