@@ -21,6 +21,15 @@ original Q4_1 GGUF, in one run, beside any kzoo bundles given.
 
 `--no-peers` measures the `--bundle` bundles alone (steps 3-5 without litert-torch or llama.cpp):
 kzoo's bundles against each other where the peers' environments are not installed.
+
+`--gguf FILE` measures kzoo's bundles of another model (the models-at-scale issue: Qwen2.5-Coder
+0.5B / 1.5B, exported at a 4,096-slot cache) against llama.cpp on the GGUF they were exported from:
+llama.cpp gets a context of the bundles' cache length, the chat prompt is rendered with the file's
+own template (kzoo's tokenizer of it, rendered as transformers does) and the KV cache's bytes come
+from the file's configuration; litert-torch, which starts from a Hugging Face folder, is left out.
+
+    python -m benchmarks.peers --gguf qwen2.5-coder-0.5b-instruct-q4_k_m.gguf \
+        --bundle "kzoo int4=out/model_int4.litertlm" --bundle "kzoo int8=out/model_int8.litertlm"
 """
 
 import argparse
@@ -64,26 +73,42 @@ def rendered_chat(folder):
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
 
-def llama_cpp_round(gguf):
+def gguf_model(path):
+    """`(config, rendered chat prompt, llama.cpp's row name)` of a GGUF file, its weights unread."""
+    import gguf
+
+    from kzoo.checkpoints.gguf.reader import GGUFCheckpoint
+
+    checkpoint = GGUFCheckpoint(path)
+    messages = [{"role": "user", "content": CHAT}]
+    prompt = checkpoint.tokenizer().apply_chat_template(messages, add_generation_prompt=True)
+    file_type = gguf.LlamaFileType(checkpoint.metadata["general.file_type"]).name.removeprefix("MOSTLY_")
+    return checkpoint.config, prompt, f"llama.cpp {file_type}"
+
+
+def llama_cpp_round(gguf, n_ctx):
     record = peers.llama_cpp_bench(
-        gguf, "--repeats", 1, "--prompt-tokens", PROMPT_TOKENS, "--new-tokens", NEW_TOKENS, "--threads", 2
+        gguf,
+        *("--repeats", 1, "--prompt-tokens", PROMPT_TOKENS, "--new-tokens", NEW_TOKENS, "--threads", 2),
+        *("--n-ctx", n_ctx),
     )
     return record["speed"]["runs"][0]
 
 
-def speeds(bundles, gguf, rounds, bandwidth):
-    """`rounds` interleaved rounds of every bundle in LiteRT-LM and of llama.cpp on `gguf` (None:
-    no llama.cpp); each bundle's run records the host's read bandwidth (`bandwidth()`) taken just
-    after it."""
-    runs = {name: [] for name in [*bundles, *(["llama.cpp Q4_1"] if gguf else [])]}
+def speeds(bundles, llama_cpp, rounds, bandwidth):
+    """`rounds` interleaved rounds of every bundle in LiteRT-LM and of llama.cpp (`llama_cpp`:
+    `(row name, GGUF path, context)`, or None for none); each bundle's run records the host's read
+    bandwidth (`bandwidth()`) taken just after it."""
+    runs = {name: [] for name in [*bundles, *([llama_cpp[0]] if llama_cpp else [])]}
     for _ in range(rounds):
         for name, path in bundles.items():
             quiet = wait_for_quiet(60)
             run = peers.runtime_speed(path, PROMPT_TOKENS, NEW_TOKENS)
             runs[name].append({**run, "quiet": quiet, "read_bandwidth_bytes_per_second": bandwidth()})
-        if gguf:
+        if llama_cpp:
+            name, gguf, n_ctx = llama_cpp
             quiet = wait_for_quiet(60)
-            runs["llama.cpp Q4_1"].append({**llama_cpp_round(gguf), "quiet": quiet})
+            runs[name].append({**llama_cpp_round(gguf, n_ctx), "quiet": quiet})
     rates = ("prefill_tokens_per_second", "decode_tokens_per_second")
     return {
         name: {"median": {rate: statistics.median(run[rate] for run in rows) for rate in rates}, "runs": rows}
@@ -91,27 +116,26 @@ def speeds(bundles, gguf, rounds, bandwidth):
     }
 
 
-def kv_cache_bytes(folder, slots):
-    """Bytes of a float32 key and value cache of `slots` positions for the checkpoint in `folder`."""
-    config = json.loads((Path(folder) / "config.json").read_text())
+def kv_cache_bytes(config, slots):
+    """Bytes of a float32 key and value cache of `slots` positions for a checkpoint's `config.json` dict."""
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     return 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim * slots * 4
 
 
-def step_bytes(record, folder, slots=None):
+def step_bytes(record, config, slots=None):
     """The bytes a decode step of the bundle `record` (`bundle_contents`) reads at least: its
     model (the weights at their precision) and a float32 KV cache of `slots` positions (default:
     every slot of the bundle's cache)."""
     model = max(section["bytes"] for section in record["sections"] if "TFLite" in section["type"])
-    return model + kv_cache_bytes(folder, slots or record["max_num_tokens"])
+    return model + kv_cache_bytes(config, slots or record["max_num_tokens"])
 
 
-def floors(bundles, folder, speed):
+def floors(bundles, config, speed):
     """Each bundle's decode rate over its floor: for every run, the step's bytes read once at the
     bandwidth taken beside that run (`speeds`); medians over the runs."""
     rows = {}
     for name, record in bundles.items():
-        whole, filled = step_bytes(record, folder), step_bytes(record, folder, FILLED_SLOTS)
+        whole, filled = step_bytes(record, config), step_bytes(record, config, FILLED_SLOTS)
         runs = speed[name]["runs"]
         bandwidths = [run["read_bandwidth_bytes_per_second"] for run in runs]
         rates = [run["decode_tokens_per_second"] for run in runs]
@@ -138,41 +162,54 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--folder", help="kzoo's Hugging Face folder of SmolLM2 (default: written here)")
     parser.add_argument("--litert-torch-json", help="litert_torch_export.py's record of earlier bundles")
+    parser.add_argument("--gguf", help="the GGUF the --bundle bundles come from: llama.cpp on it, no litert-torch")
     parser.add_argument("--bundle", action="append", default=[], help="NAME=PATH of another bundle to measure")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-peers", action="store_true", help="the --bundle bundles alone")
     parser.add_argument("--out")
     args = parser.parse_args()
     extra = dict(item.split("=", 1) for item in args.bundle)
-    if args.no_peers and not extra:
-        parser.error("--no-peers measures the --bundle bundles: give at least one")
-    gguf = None if args.no_peers else smollm2_gguf()
+    if (args.no_peers or args.gguf) and not extra:
+        parser.error("--no-peers and --gguf measure the --bundle bundles: give at least one")
+    if args.gguf and (args.folder or args.litert_torch_json):
+        parser.error("--gguf measures kzoo's bundles against llama.cpp alone: no --folder or --litert-torch-json")
     with tempfile.TemporaryDirectory() as work:
-        folder = args.folder or str(Path(work) / "smollm2_hf")
-        if not args.folder:
-            write_folder(folder)
-        if args.no_peers:
+        if args.gguf:
+            config, prompt, llama_name = gguf_model(args.gguf)
             exported = {"bundles": {}}
-        elif args.litert_torch_json:
-            exported = json.loads(Path(args.litert_torch_json).read_text())
         else:
-            exported = peers.litert_torch_export(folder, Path(work) / "litert_torch")
+            folder = args.folder or str(Path(work) / "smollm2_hf")
+            if not args.folder:
+                write_folder(folder)
+            config = json.loads((Path(folder) / "config.json").read_text())
+            prompt = rendered_chat(folder)
+            if args.no_peers:
+                exported = {"bundles": {}}
+            elif args.litert_torch_json:
+                exported = json.loads(Path(args.litert_torch_json).read_text())
+            else:
+                exported = peers.litert_torch_export(folder, Path(work) / "litert_torch")
         bundles = {f"litert-torch {name}": record["path"] for name, record in exported["bundles"].items()}
         bundles.update(extra)
-        prompt = rendered_chat(folder)
         records = {
             name: {**peers.bundle_contents(path), "chat": peers.chat_reply(path, prompt)["reply"]}
             for name, path in bundles.items()
         }
-        bandwidth = bandwidth_meter(max(step_bytes(record, folder) for record in records.values()))
+        if args.no_peers:
+            llama_cpp = None
+        elif args.gguf:  # the bundles' cache, so that llama.cpp allocates as many slots
+            llama_cpp = (llama_name, args.gguf, max(record["max_num_tokens"] for record in records.values()))
+        else:
+            llama_cpp = ("llama.cpp Q4_1", smollm2_gguf(), 2048)
+        bandwidth = bandwidth_meter(max(step_bytes(record, config) for record in records.values()))
         results = {
             "cpu_flags": cpu_flags(),
             "litert_torch_export": exported,
             "bundles": records,
-            "llama_cpp_chat": gguf and peers.llama_cpp_bench(gguf, "--repeats", 0, "--chat", CHAT)["chat"],
-            "speed": speeds(bundles, gguf, args.rounds, bandwidth),
+            "llama_cpp_chat": llama_cpp and peers.llama_cpp_bench(llama_cpp[1], "--repeats", 0, "--chat", CHAT)["chat"],
+            "speed": speeds(bundles, llama_cpp, args.rounds, bandwidth),
         }
-        results["floor"] = floors(records, folder, results["speed"])
+        results["floor"] = floors(records, config, results["speed"])
     for record in results["bundles"].values():
         record["chat_template"] = record["chat_template"] is not None
     return report("peers", results, args.out)
