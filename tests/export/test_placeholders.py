@@ -100,9 +100,9 @@ def test_the_converter_holds_one_block_per_kind_and_a_small_table():
 def test_weights_after_the_flatbuffer_at_offsets_load_in_litert():
     lm = build("gpt", vocabulary_size=128, max_sequence_length=32)
     stand_ins = placeholders.Placeholders(lm, (CACHE_LENGTH,))
-    with stand_ins:
-        signatures = RuntimeSignatures(lm, CACHE_LENGTH)
-    model, readers = placeholders.resolve(convert(signatures, "tflite_fp32", fuse_scales=False), stand_ins)
+    with stand_ins:  # the signatures are traced when converted
+        small = convert(RuntimeSignatures(lm, CACHE_LENGTH), "tflite_fp32", fuse_scales=False)
+    model, readers = placeholders.resolve(small, stand_ins)
     file = io.BytesIO()
     written = graph_passes.write(file, model, readers)
     data = file.getvalue()

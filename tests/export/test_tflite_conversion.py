@@ -12,6 +12,7 @@ from kzoo import models
 from kzoo.export import litertlm
 from kzoo.export.tflite import graph_passes
 from kzoo.export.tflite.convert import convert
+from kzoo.export.tflite.quantize import quantize
 
 
 def counts(flatbuffer):
@@ -98,3 +99,68 @@ def test_a_tflite_file_traces_only_its_own_signatures():
     generate = signatures.savedmodel_signatures()["generate"]
     assert generate.experimental_get_tracing_count() == 0
     assert len(signatures.variables) == len(backbone.weights) and generate.experimental_get_tracing_count() == 1
+
+
+def test_signatures_converted_apart_and_merged_compute_what_they_do_converted_together():
+    """`convert(..., apart=True)`: each signature converted alone, the files merged
+    (`graph_passes.merged`): every signature's outputs are bit for bit those of the file converted at
+    once (the IF branches' subgraph indices renumbered), and each weight is stored once."""
+    backbone = models.DecoderBackbone(
+        vocabulary_size=64, num_layers=3, num_heads=2, hidden_dim=16, intermediate_dim=32, max_sequence_length=64
+    )
+    lm = models.CausalLM(backbone, tokenizer=data.character_tokenizer(64))
+    signatures = litertlm.RuntimeSignatures(lm, cache_length=64, spans="auto")
+    together = convert(signatures, "tflite_fp32", fuse_scales=False)
+    apart = convert(signatures, "tflite_fp32", fuse_scales=False, apart=True)
+    assert sorted(Interpreter(model_content=apart).get_signature_list()) == ["decode", "prefill_16", "prefill_64"]
+    assert counts(apart)[1] == counts(together)[1] > 0
+    # Three signatures' copies of the weights (4 x 9,000 bytes of float32) would be 72,000 more bytes.
+    assert len(apart) < len(together) + 8_000
+    # The quantizer looks tensors up by name: each is unique in the file, as in the converter's.
+    model = schema.ModelT.InitFromPackedBuf(apart, 0)
+    names = [tensor.name for subgraph in model.subgraphs for tensor in subgraph.tensors]
+    assert len(set(names)) == len(names)
+    files = {"together": together, "apart": apart}
+    files.update({f"{key} int8": quantize(flatbuffer, "int8_channelwise") for key, flatbuffer in files.items()})
+    rng = np.random.default_rng(0)
+    for name, length, start in [("prefill_16", 16, 8), ("prefill_64", 64, 0), ("decode", 1, 40)]:
+        runner = Interpreter(model_content=together).get_signature_runner(name)
+        inputs = {"tokens": rng.integers(0, 64, (1, length), dtype=np.int32)}
+        inputs["input_pos"] = np.arange(start, start + length, dtype=np.int32)
+        for cache, detail in runner.get_input_details().items():
+            if cache.startswith("kv_cache_"):
+                inputs[cache] = rng.normal(size=detail["shape"]).astype(np.float32)
+        for pair in [("together", "apart"), ("together int8", "apart int8")]:
+            expected, outputs = (
+                Interpreter(model_content=files[key]).get_signature_runner(name)(**inputs) for key in pair
+            )
+            assert sorted(outputs) == sorted(expected)
+            for key in expected:
+                np.testing.assert_array_equal(outputs[key], expected[key])
+
+
+def test_converted_apart_each_signature_is_traced_when_reached_and_let_go_once_converted(monkeypatch):
+    """A traced decoder graph is hundreds of megabytes whatever the model's width: converted apart, the
+    converter never holds two, and none is left once the file is made."""
+    import gc
+    import weakref
+
+    from kzoo.export.tflite import convert as convert_module
+
+    backbone = models.DecoderBackbone(
+        vocabulary_size=64, num_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=32, max_sequence_length=64
+    )
+    lm = models.CausalLM(backbone, tokenizer=data.character_tokenizer(64))
+    signatures = litertlm.RuntimeSignatures(lm, cache_length=64)
+    converted, seen = convert_module._converted, []
+
+    def spy(functions, *args):
+        gc.collect()
+        assert all(graph() is None for graph in seen), "an earlier signature's graph is still held"
+        seen.extend(weakref.ref(function.graph) for function in functions)
+        return converted(functions, *args)
+
+    monkeypatch.setattr(convert_module, "_converted", spy)
+    convert(signatures, "tflite_fp32", fuse_scales=False, apart=True)
+    gc.collect()
+    assert len(seen) == 3 and all(graph() is None for graph in seen)  # prefill_16, prefill_64, decode

@@ -20,6 +20,7 @@ instead of silently overwriting the cache.
 """
 
 import contextlib
+import functools
 import numbers
 
 import tensorflow as tf
@@ -72,6 +73,10 @@ class RuntimeSignatures:
         cache_length: int, the KV cache positions: the bundle's `max_num_tokens`.
         lengths: the prefill chunk lengths (`prefill_lengths`).
         spans: the cache spans its attention may read (`attention_spans`); None for none.
+
+    The signatures are traced when converted (`tflite_functions`, `traced_one_at_a_time`), not
+    when made: a context the tracing needs (`kzoo.export.tflite.placeholders.Placeholders`)
+    encloses the conversion.
     """
 
     # No `kzoo_model` metadata entry: the bundle's LlmMetadata describes the model.
@@ -91,17 +96,31 @@ class RuntimeSignatures:
         for spec in state_specs(prefill):
             names.append(spec.name)
             specs.append(tf.TensorSpec(spec.shape, spec.dtype, name=runtime_name(spec.name)))
-        self._functions = [_prefill(model, n, cache_length, names, specs) for n in self.prefill_lengths]
-        self._functions.append(_decode(model, names, specs))
-        self._concrete = []
-        for function, queries in zip(self._functions, [*self.prefill_lengths, 1]):  # decode: one token
-            # Without spans, the whole cache as before them (sliding-window layers too).
-            spans = cache_spans(self.spans, max_queries=queries) if self.spans else contextlib.nullcontext()
-            with spans, one_row_as_is():
-                self._concrete.append(function.get_concrete_function())
+        # (made when traced, queries): decode's one token last.
+        self._functions = [
+            (functools.partial(_prefill, model, n, cache_length, names, specs), n) for n in self.prefill_lengths
+        ]
+        self._functions.append((functools.partial(_decode, model, names, specs), 1))
+        self._concrete = None
 
     def tflite_functions(self, generation=True):
+        if self._concrete is None:
+            self._concrete = [self._traced(*function) for function in self._functions]
         return self._concrete
+
+    def traced_one_at_a_time(self):
+        """Yields each signature's concrete function, `decode` (the largest to convert) first,
+        traced when reached and held by nothing here, for `convert(..., apart=True)`: a traced
+        graph, and what the converter adds to it, is hundreds of megabytes for a 24-layer model
+        whatever its width, and goes with the function."""
+        for function in reversed(self._functions):
+            yield self._traced(*function)
+
+    def _traced(self, make, queries):
+        # Without spans, the whole cache as before them (sliding-window layers too).
+        spans = cache_spans(self.spans, max_queries=queries) if self.spans else contextlib.nullcontext()
+        with spans, one_row_as_is():
+            return make().get_concrete_function()
 
 
 def attention_spans(cache_length, spans):

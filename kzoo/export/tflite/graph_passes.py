@@ -2,6 +2,7 @@
 the export reports read from it. Every use of LiteRT's flatbuffer schema is here."""
 
 import collections
+import hashlib
 import io
 
 import flatbuffers
@@ -30,6 +31,12 @@ def shared_subgraphs(flatbuffer):
     if model.SubgraphsLength() <= model.SignatureDefsLength():
         return flatbuffer
     model = unpacked(flatbuffer)
+    share_subgraphs(model)
+    return packed(model, len(flatbuffer))
+
+
+def share_subgraphs(model):
+    """`shared_subgraphs` on a `schema.ModelT`, in place."""
     signed = {signature.subgraphIndex for signature in model.signatureDefs or []} | {0}
     canonical = list(range(len(model.subgraphs)))
     while True:
@@ -52,7 +59,96 @@ def shared_subgraphs(flatbuffer):
                     setattr(options, name, _renumbered(value, renumber))
     for signature in model.signatureDefs or []:
         signature.subgraphIndex = renumber[signature.subgraphIndex]
-    return packed(model, len(flatbuffer))
+
+
+class Merge:
+    """One TFLite model made of files converted one signature each from the same weights, each
+    file added as it comes (`add`), so that only the model so far and one file are held: their
+    subgraphs one after another, each operator code and each constant buffer of equal bytes
+    stored once (a weight every signature reads is one buffer, as when the converter converts
+    them together), every tensor name unique in the model (the quantizer looks tensors up by
+    name). The metadata is the first file's, with the entries of another name the others add.
+    Constants under `_OUTSIDE_BYTES` stay each file's own: a pass that rewrites a small constant
+    in place (a shape) then rewrites one tensor's.
+
+    `model` is the `schema.ModelT` so far (None before the first file)."""
+
+    def __init__(self):
+        self.model = None
+        self._codes, self._constants, self._names, self._metadata = {}, {}, set(), set()
+
+    def add(self, flatbuffer, key=None):
+        """Adds the signatures of the TFLite `flatbuffer`; `key` names its single signature (the
+        converter names a function converted alone `serving_default`, and its inputs and outputs
+        `serving_default_<name>`)."""
+        other = unpacked(flatbuffer)
+        if self.model is None:
+            self.model = model = schema.ModelT()
+            model.version, model.description = other.version, other.description
+            model.operatorCodes, model.buffers, model.subgraphs, model.signatureDefs, model.metadata = (
+                [],
+                [schema.BufferT()],
+                [],
+                [],
+                [],
+            )
+        model = self.model
+        code_of = [self._code(code) for code in other.operatorCodes]
+        metadata = {entry.buffer for entry in other.metadata or []}
+        buffer_of = [0]  # buffer 0: the empty buffer every file starts with
+        for index, buffer in enumerate(other.buffers[1:], 1):
+            buffer_of.append(None if index in metadata else self._buffer(buffer))
+        for entry in other.metadata or []:
+            if entry.name not in self._metadata:
+                self._metadata.add(entry.name)
+                model.buffers.append(other.buffers[entry.buffer])
+                entry.buffer = len(model.buffers) - 1
+                model.metadata.append(entry)
+        offset = len(model.subgraphs)
+        renumber = [offset + i for i in range(len(other.subgraphs))]
+        for signature in other.signatureDefs or []:
+            signature.subgraphIndex = renumber[signature.subgraphIndex]
+            signature.signatureKey = key if key is not None else signature.signatureKey
+        prefix, tag = b"serving_default_", (key or str(offset)).encode()
+        for subgraph in other.subgraphs:
+            for tensor in subgraph.tensors or []:
+                tensor.buffer = buffer_of[tensor.buffer]
+                name = tensor.name
+                if key is not None and name.startswith(prefix):
+                    name = key.encode() + b"_" + name[len(prefix) :]
+                if name in self._names:
+                    name = name + b";" + tag
+                self._names.add(name)
+                tensor.name = name
+            for op in subgraph.operators or []:
+                op.opcodeIndex = code_of[op.opcodeIndex]
+                for options in (op.builtinOptions, op.builtinOptions2):
+                    for name, value in _subgraph_fields(options):
+                        setattr(options, name, _renumbered(value, renumber))
+            model.subgraphs.append(subgraph)
+        for signature in other.signatureDefs or []:
+            model.subgraphs[signature.subgraphIndex].name = signature.signatureKey
+            model.signatureDefs.append(signature)
+
+    def _code(self, code):
+        key = (code.builtinCode, code.deprecatedBuiltinCode, code.customCode, code.version)
+        if key not in self._codes:
+            self._codes[key] = len(self.model.operatorCodes)
+            self.model.operatorCodes.append(code)
+        return self._codes[key]
+
+    def _buffer(self, buffer):
+        """The model's index of a buffer equal to `buffer`, added if it has none."""
+        buffers = self.model.buffers
+        if buffer.data is not None and len(buffer.data) >= _OUTSIDE_BYTES:
+            data = memoryview(np.ascontiguousarray(buffer.data)).cast("B")
+            key = (len(data), hashlib.blake2b(data, digest_size=16).digest())
+            for index in self._constants.get(key, []):
+                if np.array_equal(buffers[index].data, buffer.data):
+                    return index
+            self._constants.setdefault(key, []).append(len(buffers))
+        buffers.append(buffer)
+        return len(buffers) - 1
 
 
 def _subgraph_fields(options):
@@ -364,6 +460,14 @@ def packed(model, size):
         write_outside(file, model)
         return file.getvalue()
     return _inline(model, size)
+
+
+def packed_size(model):
+    """About the bytes of `model` (a `schema.ModelT`) packed: its buffers' data and a little per
+    tensor and op (`packed`'s builder size)."""
+    data = sum(len(buffer.data) for buffer in model.buffers if buffer.data is not None)
+    items = sum(len(subgraph.tensors or []) + len(subgraph.operators or []) for subgraph in model.subgraphs)
+    return data + 256 * items
 
 
 def write_outside(file, model):

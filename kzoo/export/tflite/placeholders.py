@@ -353,11 +353,11 @@ def converted(model, trace, sizes=(), path=None):
         The bytes, or None when written to `path`.
     """
     stand_ins = Placeholders(model, sizes)
-    with stand_ins:
+    with stand_ins:  # the signatures are traced as they are converted, one at a time
         signatures = trace()
-    # A norm's scale folded into the next weights would make each of them a product of two
-    # weights, which no placeholder stands for; as its own MUL it costs one multiply per value.
-    small = convert(signatures, "tflite_fp32", fuse_scales=False)
+        # A norm's scale folded into the next weights would make each of them a product of two
+        # weights, which no placeholder stands for; as its own MUL it costs one multiply per value.
+        small = convert(signatures, "tflite_fp32", fuse_scales=False, apart=True)
     del signatures
     resolved, readers = resolve(small, stand_ins)
     del small
