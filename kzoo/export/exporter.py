@@ -435,8 +435,16 @@ class KerasReference:
         return None if self.data.sample_weight is None else self.data.sample_weight[cut]
 
     def first_logits(self, count):
-        """The Keras logits of the first `count` held-out rows, at their full length."""
-        return self.predict(self.rows(0, count))
+        """The Keras logits of the first `count` held-out rows, at their full length, computed a
+        row at a time into one array: at a real vocabulary a batch's logits are gigabytes, and
+        the model's output beside its copy in NumPy held them twice."""
+        count, logits = min(count, len(next(iter(self.data.held_out.values())))), None
+        for i in range(count):
+            row = self.predict(self.rows(i, 1))
+            if logits is None:
+                logits = np.empty((count, *row.shape[1:]), row.dtype)
+            logits[i] = row[0]
+        return logits
 
     def predict(self, inputs):
         try:
