@@ -83,15 +83,7 @@ class Merge:
         `serving_default_<name>`)."""
         other = unpacked(flatbuffer)
         if self.model is None:
-            self.model = model = schema.ModelT()
-            model.version, model.description = other.version, other.description
-            model.operatorCodes, model.buffers, model.subgraphs, model.signatureDefs, model.metadata = (
-                [],
-                [schema.BufferT()],
-                [],
-                [],
-                [],
-            )
+            self.model = _empty_model(other.version, other.description)
         model = self.model
         code_of = [self._code(code) for code in other.operatorCodes]
         metadata = {entry.buffer for entry in other.metadata or []}
@@ -149,6 +141,15 @@ class Merge:
             self._constants.setdefault(key, []).append(len(buffers))
         buffers.append(buffer)
         return len(buffers) - 1
+
+
+def _empty_model(version, description):
+    """A `schema.ModelT` with nothing in it but the empty buffer 0."""
+    model = schema.ModelT()
+    model.version, model.description = version, description
+    model.operatorCodes, model.subgraphs, model.signatureDefs, model.metadata = [], [], [], []
+    model.buffers = [schema.BufferT()]
+    return model
 
 
 def _subgraph_fields(options):
