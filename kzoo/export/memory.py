@@ -15,11 +15,11 @@ check keeps them in a file). Two sets of constants, fitted, not derived, on expo
 litertlm,litertlm_int4`, a 4,096-slot cache, 8 checked rows of 256 positions, unless said):
 
 - the export loaded the model itself (from a path: the command line) and lets go of it once the
-  float32 file is converted (`RELEASED_WEIGHT_COPIES`, `RELEASED_BASE_BYTES`; 2026-11-28):
-  Qwen2.5-Coder-0.5B (W = 2.52 GB, vocabulary 151,936) peaked at 9.7 GB in TensorFlow's
-  converter, the Keras model beside it, and -1.5B (W = 7.11 GB) at 15.1 GB in its int4 bundle's
-  rewrites (14.1 GB in the converter); the checks hold no Keras weights. The estimate gives 9.7
-  and 15.2 GB.
+  float32 file is converted, which TensorFlow's converter makes a signature at a time
+  (`RELEASED_WEIGHT_COPIES`, `RELEASED_BASE_BYTES`; 2026-11-28): Qwen2.5-Coder-0.5B (W = 2.52 GB,
+  vocabulary 151,936) peaked at 6.5 GB, in the converter and in the Keras reference's quality
+  beside the model, and -1.5B (W = 7.11 GB) at 14.7 GB in its int4 bundle's rewrites; the checks
+  hold no Keras weights. The estimate gives 7.2 and 15.3 GB.
 - the caller holds the model (passed as an object) through the checks (`WEIGHT_COPIES`,
   `BASE_BYTES`; 2026-11-28, before the exporter let go of a model): SmolLM2-135M (W = 0.54 GB,
   vocabulary 49,152; `--cache-length 2048 --representative-data kzoo_tiny_shakespeare
@@ -38,8 +38,8 @@ import os
 # see the module docstring): with the Keras model held through the checks, and let go of.
 WEIGHT_COPIES = 2.8
 BASE_BYTES = int(4.6e9)
-RELEASED_WEIGHT_COPIES = 1.16
-RELEASED_BASE_BYTES = int(5.5e9)
+RELEASED_WEIGHT_COPIES = 1.75
+RELEASED_BASE_BYTES = int(1.4e9)
 CHECK_COPIES = 1.0
 
 
