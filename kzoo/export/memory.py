@@ -9,7 +9,7 @@ mapped float32 file. `estimated_peak_bytes` models it as
 
 where the cache bytes are one bundle's KV cache (layers x 2 x KV heads x cache length x head width
 x 4 bytes) and the logits bytes those of the LiteRT-LM check, its held-out rows of the checked
-length over the vocabulary, in float32 (the Keras reference computes them at once before the
+length over the vocabulary, in float32 (the Keras reference holds them all before the
 check keeps them in a file). Two sets of constants, fitted, not derived, on exports measured by
 `benchmarks/export_memory.py` and `/usr/bin/time -v` (2-core AVX2 host, `--formats
 litertlm,litertlm_int4`, a 4,096-slot cache, 8 checked rows of 256 positions, unless said):

@@ -1,5 +1,9 @@
-"""TFLite conversion details: identical control-flow subgraphs stored once, and a bundle's
-attention branches (`kzoo.layers.cache_spans`) shared by every layer."""
+"""TFLite conversion details: identical control-flow subgraphs stored once, a bundle's
+attention branches (`kzoo.layers.cache_spans`) shared by every layer, and signatures converted
+one at a time and merged."""
+
+import gc
+import weakref
 
 import numpy as np
 import tensorflow as tf
@@ -10,6 +14,7 @@ from kzoo import data
 from kzoo import export
 from kzoo import models
 from kzoo.export import litertlm
+from kzoo.export.tflite import convert as convert_module
 from kzoo.export.tflite import graph_passes
 from kzoo.export.tflite.convert import convert
 from kzoo.export.tflite.quantize import quantize
@@ -142,11 +147,6 @@ def test_signatures_converted_apart_and_merged_compute_what_they_do_converted_to
 def test_converted_apart_each_signature_is_traced_when_reached_and_let_go_once_converted(monkeypatch):
     """A traced decoder graph is hundreds of megabytes whatever the model's width: converted apart, the
     converter never holds two, and none is left once the file is made."""
-    import gc
-    import weakref
-
-    from kzoo.export.tflite import convert as convert_module
-
     backbone = models.DecoderBackbone(
         vocabulary_size=64, num_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=32, max_sequence_length=64
     )
