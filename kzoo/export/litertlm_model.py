@@ -11,6 +11,7 @@ tokens, the default sampler). The runtime tokenizes the prompt, prefills it in c
 decodes one token at a time until a stop token, `max_new_tokens` or the maximum.
 """
 
+import contextlib
 import math
 import os
 import struct
@@ -367,19 +368,21 @@ def teacher_forced_rows(tflite_model, rows, num_threads=2, work_dir=None):
     """Yields `teacher_forced_logits` of each of the int `rows` `(N, T)` in turn, `(T, V)`, each
     from an empty cache, the model compiled once for all of them (each compilation packs a copy
     of the weights); a caller that compares each row as it comes holds one row's logits, not N.
+    `tflite_model` is the model's bytes or the path of its file (`compiled_model`)."""
+    with compiled_model(tflite_model, num_threads, work_dir) as model:
+        yield from decoded_rows(model, rows)
 
-    `tflite_model` is the model's bytes or the path of its file. Either way its weights are
-    packed for the CPU into an XNNPACK weight cache in a temporary file (in `work_dir`, else the
-    system's temporary folder), as LiteRT-LM does with a cache folder: the packed weights are then
-    a file mapping the kernel can page out, not more copies of the weights in the process's own
-    memory.
 
-    As LiteRT-LM's CPU executor does, one buffer holds each `kv_cache_*` tensor, bound as the
-    signature's input and as its output of the same name, so that each step updates the cache
-    in place; passing the cache in and out as arrays copies all of it at every step, a cost
-    that grows with the square of the cache length over a whole row. LiteRT logs as it makes
-    and frees the model (`kzoo.logs.captured_stderr` keeps that out of kzoo's output).
-    """
+@contextlib.contextmanager
+def compiled_model(tflite_model, num_threads=2, work_dir=None):
+    """The TFLite model `tflite_model` (its bytes or the path of its file) compiled in LiteRT for
+    the CPU, closed on exit.
+
+    Its weights are packed for the CPU into an XNNPACK weight cache in a temporary file (in
+    `work_dir`, else the system's temporary folder), as LiteRT-LM does with a cache folder: the
+    packed weights are then a file mapping the kernel can page out, not more copies of the
+    weights in the process's own memory. LiteRT logs as it makes and frees the model
+    (`kzoo.logs.captured_stderr` keeps that out of kzoo's output)."""
     import ai_edge_litert
     from ai_edge_litert.compiled_model import CompiledModel
     from ai_edge_litert.environment import Environment
@@ -396,28 +399,76 @@ def teacher_forced_rows(tflite_model, rows, num_threads=2, work_dir=None):
         else:
             model = CompiledModel.from_buffer(bytes(tflite_model), environment=environment, options=options)
         try:
-            yield from _decoded_rows(model, rows)
+            yield model
         finally:
             model.close()
             environment.close()
 
 
-def _decoded_rows(model, rows):
-    """`teacher_forced_rows` of the compiled `model` over int `rows` `(N, T)`: `(T, V)` each."""
+def decoded_rows(model, rows):
+    """The logits `(T, V)` of each of the int `rows` `(N, T)` in turn, computed by the compiled
+    `model`'s `decode` signature a token at a time from an empty cache.
+
+    As LiteRT-LM's CPU executor does, one buffer holds each `kv_cache_*` tensor, bound as the
+    signature's input and as its output of the same name, so that each step updates the cache
+    in place; passing the cache in and out as arrays copies all of it at every step, a cost
+    that grows with the square of the cache length over a whole row."""
     import numpy as np
 
-    details = model.get_input_tensor_details("decode")
-    inputs = {name: model.create_input_buffer_by_name("decode", name) for name in details}
-    logits = model.create_output_buffer_by_name("decode", "logits")
-    outputs = {"logits": logits, **{name: buffer for name, buffer in inputs.items() if name.startswith("kv_cache_")}}
-    size = model.get_output_tensor_details("decode")["logits"]["shape"][-1]  # (1, 1, V)
+    inputs, outputs, size = _bound(model, "decode")
     for row in np.asarray(rows):
-        for name, tensor in details.items():  # an empty cache for each row
-            inputs[name].write(np.zeros(tensor["shape"], tensor["dtype"]))
+        _empty_cache(model, "decode", inputs)
         row_logits = np.empty((len(row), size), np.float32)
         for position, token in enumerate(row):
             inputs["tokens"].write(np.asarray([[token]], np.int32))
             inputs["input_pos"].write(np.asarray([position], np.int32))
             model.run_by_name("decode", inputs, outputs)
-            row_logits[position] = logits.read(size, np.float32)
+            row_logits[position] = outputs["logits"].read(size, np.float32)
         yield row_logits
+
+
+def chunked_rows(model, rows, signature):
+    """`decoded_rows`, computed a chunk of N positions at a time by the compiled `model`'s
+    `signature`, a prefill chunk that returns its logits `(1, N, V)`
+    (`kzoo.export.litertlm.TEACHER_FORCED`): each run reads the weights once for N positions.
+    A row's last chunk ends at its end, starting earlier where the row's length is no multiple
+    of N (the positions computed again write the cache as they did before); a row shorter than
+    N is padded with token 0 after its end, which no position of the row attends to."""
+    import numpy as np
+
+    inputs, outputs, size = _bound(model, signature)
+    chunk = int(model.get_input_tensor_details(signature)["tokens"]["shape"][-1])
+    for row in np.asarray(rows):
+        _empty_cache(model, signature, inputs)
+        row_logits = np.empty((len(row), size), np.float32)
+        for start in range(0, len(row), chunk):
+            start = max(0, min(start, len(row) - chunk))
+            tokens = np.zeros(chunk, np.int32)
+            part = row[start : start + chunk]
+            tokens[: len(part)] = part
+            inputs["tokens"].write(tokens[None])
+            inputs["input_pos"].write(np.arange(start, start + chunk, dtype=np.int32))
+            model.run_by_name(signature, inputs, outputs)
+            row_logits[start : start + len(part)] = (
+                outputs["logits"].read(chunk * size, np.float32).reshape(chunk, size)[: len(part)]
+            )
+        yield row_logits
+
+
+def _bound(model, signature):
+    """The input buffers of `signature`, its outputs (`logits`, and the `kv_cache_*` inputs bound
+    as the outputs of the same name) and the vocabulary size."""
+    inputs = {
+        name: model.create_input_buffer_by_name(signature, name) for name in model.get_input_tensor_details(signature)
+    }
+    outputs = {name: buffer for name, buffer in inputs.items() if name.startswith("kv_cache_")}
+    outputs["logits"] = model.create_output_buffer_by_name(signature, "logits")
+    return inputs, outputs, int(model.get_output_tensor_details(signature)["logits"]["shape"][-1])
+
+
+def _empty_cache(model, signature, inputs):
+    """Zeros into the input buffers `inputs` of `signature`: an empty cache."""
+    import numpy as np
+
+    for name, tensor in model.get_input_tensor_details(signature).items():
+        inputs[name].write(np.zeros(tensor["shape"], tensor["dtype"]))

@@ -436,7 +436,7 @@ def test_a_bundle_litert_cannot_load_is_an_export_error_naming_it(tmp_path, monk
     def refused(*args, **kwargs):
         raise RuntimeError("CompiledModel error: code=3, Failed to build TFL interpreter")
 
-    monkeypatch.setattr(litertlm_model, "teacher_forced_rows", refused)
+    monkeypatch.setattr(litertlm_model, "compiled_model", refused)
     with pytest.raises(export.ExportError, match="litertlm: LiteRT could not run the bundle's model: .*interpreter"):
         export.export(
             tmp_path / "model.keras", tmp_path / "out", formats=["litertlm"], num_examples=2, generate_tokens=4
@@ -452,7 +452,7 @@ def test_a_model_the_export_loaded_is_freed_before_the_runtime_checks(given, tmp
     lm.save(tmp_path / "model.keras")
     data.save_tokenizer(data.character_tokenizer(128), tmp_path)
     loaded, alive = [], []
-    real_load, real_rows = exporter._load_model, litertlm_model.teacher_forced_rows
+    real_load, real_rows = exporter._load_model, litertlm_model.chunked_rows
 
     def load(model):
         model, path = real_load(model)
@@ -465,7 +465,7 @@ def test_a_model_the_export_loaded_is_freed_before_the_runtime_checks(given, tmp
         yield from real_rows(*args, **kwargs)
 
     monkeypatch.setattr(exporter, "_load_model", load)
-    monkeypatch.setattr(litertlm_model, "teacher_forced_rows", rows)
+    monkeypatch.setattr(litertlm_model, "chunked_rows", rows)
     source = tmp_path / "model.keras" if given == "path" else keras.saving.load_model(tmp_path / "model.keras")
     report = export.export(
         source, tmp_path / "out", formats=["litertlm"], num_examples=2, generate_tokens=4, tokenizer_dir=tmp_path

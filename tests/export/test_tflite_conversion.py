@@ -1,11 +1,12 @@
 """TFLite conversion details: identical control-flow subgraphs stored once, a bundle's
-attention branches (`kzoo.layers.cache_spans`) shared by every layer, and signatures converted
-one at a time and merged."""
+attention branches (`kzoo.layers.cache_spans`) shared by every layer, signatures converted
+one at a time and merged, and the checks' own signature, which a bundle ships without."""
 
 import gc
 import weakref
 
 import numpy as np
+import pytest
 import tensorflow as tf
 from ai_edge_litert import schema_py_generated as schema
 from ai_edge_litert.interpreter import Interpreter
@@ -14,9 +15,11 @@ from kzoo import data
 from kzoo import export
 from kzoo import models
 from kzoo.export import litertlm
+from kzoo.export import litertlm_model
 from kzoo.export.tflite import convert as convert_module
 from kzoo.export.tflite import graph_passes
 from kzoo.export.tflite.convert import convert
+from kzoo.export.tflite.graph_passes import op_census
 from kzoo.export.tflite.quantize import quantize
 
 
@@ -164,3 +167,53 @@ def test_converted_apart_each_signature_is_traced_when_reached_and_let_go_once_c
     convert(signatures, "tflite_fp32", fuse_scales=False, apart=True)
     gc.collect()
     assert len(seen) == 3 and all(graph() is None for graph in seen)  # prefill_16, prefill_64, decode
+
+
+def test_the_checks_chunks_give_decode_s_logits_and_the_bundle_is_the_file_without_them():
+    """`RuntimeSignatures(check_length=)`: the export's checks read a row's logits a chunk at a
+    time (`TEACHER_FORCED`), float32 and quantized, as `decode` gives them a token at a time; the
+    bundle's model is the file without that signature (`graph_passes.without_signatures`), each
+    remaining signature computing bit for bit what the file converted without it does."""
+    backbone = models.DecoderBackbone(
+        vocabulary_size=64, num_layers=3, num_heads=2, hidden_dim=32, intermediate_dim=64, max_sequence_length=64
+    )
+    lm = models.CausalLM(backbone, tokenizer=data.character_tokenizer(64))
+    plain = convert(litertlm.RuntimeSignatures(lm, 64, spans="auto"), "tflite_fp32", fuse_scales=False, apart=True)
+    signatures = litertlm.RuntimeSignatures(lm, 64, spans="auto", check_length=16)
+    checked = convert(signatures, "tflite_fp32", fuse_scales=False, apart=True)
+    model = graph_passes.unpacked(checked)
+    graph_passes.without_signatures(model, [litertlm.TEACHER_FORCED])
+    shipped = graph_passes.packed(model, len(checked))
+    names = sorted(Interpreter(model_content=plain).get_signature_list())
+    assert sorted(Interpreter(model_content=checked).get_signature_list()) == sorted([*names, "teacher_forced"])
+    assert sorted(Interpreter(model_content=shipped).get_signature_list()) == names
+    assert counts(shipped) == counts(plain) and op_census(shipped) == op_census(plain)
+    read = {tensor.buffer for subgraph in model.subgraphs for tensor in subgraph.tensors}
+    read |= {0} | {entry.buffer for entry in model.metadata}
+    assert read == set(range(len(model.buffers)))  # no buffer left that nothing reads
+    rng = np.random.default_rng(0)
+    for name in names:
+        runner = Interpreter(model_content=plain).get_signature_runner(name)
+        inputs = {key: rng.integers(0, 64, d["shape"], dtype=np.int32) for key, d in runner.get_input_details().items()}
+        inputs["input_pos"] = np.arange(8, 8 + len(inputs["input_pos"]), dtype=np.int32)
+        for cache, detail in runner.get_input_details().items():
+            if cache.startswith("kv_cache_"):
+                inputs[cache] = rng.normal(size=detail["shape"]).astype(np.float32)
+        expected, outputs = runner(**inputs), Interpreter(model_content=shipped).get_signature_runner(name)(**inputs)
+        assert sorted(outputs) == sorted(expected)
+        for key in expected:
+            np.testing.assert_array_equal(outputs[key], expected[key])
+    rows = rng.integers(0, 64, (2, 40))  # chunks at 0, 16 and 24 (the last ends at the row's end)
+    for conversion in [None, "int8_channelwise", "int4_blockwise32"]:
+        one, chunked = (
+            (plain, checked) if conversion is None else (quantize(plain, conversion), quantize(checked, conversion))
+        )
+        with litertlm_model.compiled_model(one) as a, litertlm_model.compiled_model(chunked) as b:
+            for part in (rows, rows[:, :10]):  # and a row shorter than a chunk
+                decoded = list(litertlm_model.decoded_rows(a, part))
+                for expected, logits in zip(decoded, litertlm_model.chunked_rows(b, part, litertlm.TEACHER_FORCED)):
+                    np.testing.assert_allclose(logits, expected, rtol=0, atol=1e-5 * np.abs(expected).max())
+    with pytest.raises(ValueError, match="besides"):
+        graph_passes.without_signatures(graph_passes.unpacked(plain), names)
+    with pytest.raises(ValueError, match=r"`check_length` must be in \[1, 64\]"):
+        litertlm.RuntimeSignatures(lm, 64, check_length=65)

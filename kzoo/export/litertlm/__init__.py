@@ -20,6 +20,7 @@ from kzoo.export.litertlm.bundle import llm_metadata
 from kzoo.export.litertlm.bundle import runtime_chat_template
 from kzoo.export.litertlm.bundle import write_bundle
 from kzoo.export.litertlm.signatures import DEFAULT_PREFILL_LENGTHS
+from kzoo.export.litertlm.signatures import TEACHER_FORCED
 from kzoo.export.litertlm.signatures import RuntimeSignatures
 from kzoo.export.litertlm.signatures import attention_spans
 from kzoo.export.litertlm.signatures import prefill_lengths

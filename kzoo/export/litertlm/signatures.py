@@ -33,6 +33,12 @@ from kzoo.models import TiedLogits
 # Prefill chunk lengths, of which those that divide the cache length are used.
 DEFAULT_PREFILL_LENGTHS = (16, 64, 256)
 
+# The signature only the export's checks run (`RuntimeSignatures(check_length=)`): a prefill chunk
+# that also returns its logits `(1, N, V)`, so a check reads a row's logits a chunk at a time, each
+# read of the weights giving N positions' logits instead of one. A bundle never ships it
+# (`kzoo.export.tflite.graph_passes.without_signatures`).
+TEACHER_FORCED = "teacher_forced"
+
 
 def prefill_lengths(cache_length, lengths=None):
     """The `prefill_<N>` chunk lengths of a bundle with `cache_length` positions.
@@ -73,6 +79,8 @@ class RuntimeSignatures:
         cache_length: int, the KV cache positions: the bundle's `max_num_tokens`.
         lengths: the prefill chunk lengths (`prefill_lengths`).
         spans: the cache spans its attention may read (`attention_spans`); None for none.
+        check_length: None, or the chunk length N in `[1, cache_length]` of a `TEACHER_FORCED`
+            signature, traced last (its subgraphs the file's last).
 
     The signatures are traced when converted (`tflite_functions`, `traced_one_at_a_time`), not
     when made: a context the tracing needs (`kzoo.export.tflite.placeholders.Placeholders`)
@@ -82,7 +90,11 @@ class RuntimeSignatures:
     # No `kzoo_model` metadata entry: the bundle's LlmMetadata describes the model.
     info = None
 
-    def __init__(self, model, cache_length, lengths=None, spans=None):
+    def __init__(self, model, cache_length, lengths=None, spans=None, check_length=None):
+        if check_length is not None and not 1 <= check_length <= cache_length:
+            raise ValueError(
+                f"`check_length` must be in [1, {cache_length}] (the cache length); received {check_length}."
+            )
         self.cache_length = cache_length
         self.prefill_lengths = prefill_lengths(cache_length, lengths)
         self.spans = attention_spans(cache_length, spans)
@@ -101,11 +113,18 @@ class RuntimeSignatures:
             (functools.partial(_prefill, model, n, cache_length, names, specs), n) for n in self.prefill_lengths
         ]
         self._functions.append((functools.partial(_decode, model, names, specs), 1))
+        self.check_length = check_length
+        self._check = check_length and (
+            functools.partial(_prefill, model, check_length, cache_length, names, specs, TEACHER_FORCED),
+            check_length,
+        )
         self._concrete = None
 
     def tflite_functions(self, generation=True):
         if self._concrete is None:
             self._concrete = [self._traced(*function) for function in self._functions]
+            if self._check:
+                self._concrete.append(self._traced(*self._check))
         return self._concrete
 
     def traced_one_at_a_time(self):
@@ -115,6 +134,8 @@ class RuntimeSignatures:
         whatever its width, and goes with the function."""
         for function in reversed(self._functions):
             yield self._traced(*function)
+        if self._check:
+            yield self._traced(*self._check)
 
     def _traced(self, make, queries):
         # Without spans, the whole cache as before them (sliding-window layers too).
@@ -172,14 +193,18 @@ def _step(model, tokens, index, names, cache):
     return logits, {runtime_name(name): tensor for name, tensor in state.items()}
 
 
-def _prefill(model, length, cache_length, names, cache_specs):
+def _prefill(model, length, cache_length, names, cache_specs, name=None):
+    """`prefill_<length>`, or the signature `name` (`TEACHER_FORCED`) that returns the chunk's
+    logits too."""
+
     def prefill(tokens, input_pos, *cache):
         # A slice of [0, cache_length) at the chunk's start: a chunk that would run past the
         # cache fails here, where the cache update would silently clamp its start.
         start = tf.slice(tf.range(cache_length), input_pos[:1], [length])[0]
-        return _step(model, tokens, start, names, cache)[1]
+        logits, cache = _step(model, tokens, start, names, cache)
+        return {"logits": logits, **cache} if name else cache
 
-    prefill.__name__ = f"prefill_{length}"  # the signature's name in the TFLite file
+    prefill.__name__ = name or f"prefill_{length}"  # the signature's name in the TFLite file
     specs = [tf.TensorSpec([1, length], tf.int32, name="tokens"), tf.TensorSpec([length], tf.int32, name="input_pos")]
     return tf.function(prefill, input_signature=[*specs, *cache_specs], autograph=False)
 

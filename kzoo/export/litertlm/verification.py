@@ -15,12 +15,18 @@ from kzoo.export.litertlm.bundle import CONVERSIONS
 from kzoo.export.litertlm.bundle import llm_metadata
 from kzoo.export.litertlm.bundle import runtime_chat_template
 from kzoo.export.litertlm.bundle import write_bundle
+from kzoo.export.litertlm.signatures import TEACHER_FORCED
 from kzoo.export.litertlm.signatures import RuntimeSignatures
 from kzoo.export.litertlm.signatures import attention_spans
 from kzoo.export.litertlm.signatures import prefill_lengths
+from kzoo.export.tflite import graph_passes
 from kzoo.export.tflite import placeholders
 from kzoo.export.tflite.graph_passes import op_census
 from kzoo.export.tflite.quantize import quantize_file
+
+# The positions of one row the bundle's `decode` signature computes in each check, beside the
+# rows' logits computed a chunk at a time (`Bundles`).
+DECODE_CHECKED = 16
 
 
 class Bundles:
@@ -30,8 +36,11 @@ class Bundles:
     and the Keras model's greedy texts. In LiteRT-LM, the runtime's tokenizer must give the
     Keras tokenizer's ids for each prompt, and its greedy text (`top_k=1`) is compared with
     Keras' greedy `generate` on a one-token prompt, a short one and one longer than the largest
-    prefill chunk where the cache allows; the next-token logits of the bundle's `decode`
-    signature over held-out rows are compared with Keras'. The caller decides which results
+    prefill chunk where the cache allows; the next-token logits of the bundle's model over
+    held-out rows are compared with Keras': computed a chunk at a time by a `TEACHER_FORCED`
+    signature that the file checked has and the bundle does not (a row's logits token by token
+    read the weights once per position: at 1.5B parameters, most of an export's time), and by
+    `decode` at the first `DECODE_CHECKED` positions of the first row. The caller decides which results
     pass (`kzoo.export.formats.LiteRTLMBundle`).
 
     Args:
@@ -81,7 +90,12 @@ class Bundles:
         self.spans = attention_spans(cache_length, spans)
         # Traced only when the float32 file is converted from placeholders
         # (`placeholders.converted`): the same file, without the converter's copies of the weights.
-        self._trace = lambda: RuntimeSignatures(model, cache_length, lengths, spans)
+        self.positions = min(cache_length, token_ids.shape[1])
+        # The rows' logits a chunk at a time (`TEACHER_FORCED`), in the float32 file and those
+        # quantized from it, never in a bundle (`_shipped`); `decode` checked on one row's first
+        # `DECODE_CHECKED` positions.
+        self.check_length = min(self.positions, self.prefill_lengths[-1])
+        self._trace = lambda: RuntimeSignatures(model, cache_length, lengths, spans, check_length=self.check_length)
         self._model, self._release = model, False
         chat_template = self.exported.chat_template and runtime_chat_template(
             self.exported.chat_template, getattr(tokenizer, "special_tokens_map", {}), self.exported.start_token_id
@@ -92,7 +106,6 @@ class Bundles:
         self.cases = _generation_cases(
             model, tokenizer, token_ids, cache_length, self.prefill_lengths, self.exported, generate_tokens
         )
-        self.positions = min(cache_length, token_ids.shape[1])
         cut = slice(0, self.positions)
         self.token_ids, self.targets = token_ids[:, cut], targets[:, cut]
         self.weights = None if sample_weight is None else sample_weight[:, cut]
@@ -121,28 +134,38 @@ class Bundles:
         """
         start = time.perf_counter()
         if not self._float32.exists():  # converted once, quantized per bundle
-            sizes = (self.cache_length, *self.prefill_lengths, *self.spans)
+            sizes = (self.cache_length, *self.prefill_lengths, *self.spans, self.check_length)
             placeholders.converted(self._model, self._trace, sizes, path=self._float32)
             if self._release:
                 self.release_model()
         model_file = self._float32 if conversion == "tflite_fp32" else self.work_dir / f"{conversion}.tflite"
+        shipped = self.work_dir / f"{conversion}.shipped.tflite"
         try:
             if model_file != self._float32:
                 quantize_file(self._float32, conversion, model_file)
+            _shipped(model_file, shipped)
             memory.release_freed_memory()  # the converter's or the quantizer's, before LiteRT loads the model
-            write_bundle(path, model_file, self.exported.tokenizer.to_str(), self.metadata)
+            write_bundle(path, shipped, self.exported.tokenizer.to_str(), self.metadata)
+            tflite_bytes, ops = shipped.stat().st_size, _op_census(shipped)
+            shipped.unlink()
             seconds = time.perf_counter() - start
             measure, largest = verification.Quality(), 0.0
-            with logs.captured_stderr():  # LiteRT logs its CPU delegate
-                rows = litertlm_model.teacher_forced_rows(model_file, self.token_ids, self.num_threads, self.work_dir)
+            with (
+                logs.captured_stderr(),
+                litertlm_model.compiled_model(model_file, self.num_threads, self.work_dir) as runs,
+            ):
+                rows = litertlm_model.chunked_rows(runs, self.token_ids, TEACHER_FORCED)
                 for i, logits in enumerate(rows):  # one row's logits and Keras' at a time
                     reference = self._keras_row(i)
                     largest = max(largest, verification.max_abs_diff(logits, reference))
                     weights = None if self.weights is None else self.weights[i]
                     measure.add(logits, self.targets[i], weights, reference.argmax(-1))
                     del logits, reference
-            tflite_bytes, ops = model_file.stat().st_size, _op_census(model_file)
+                decoded = self.token_ids[:1, :DECODE_CHECKED]
+                (logits,) = litertlm_model.decoded_rows(runs, decoded)
+                largest = max(largest, verification.max_abs_diff(logits, self._keras_row(0)[: decoded.shape[1]]))
         finally:
+            shipped.unlink(missing_ok=True)
             if model_file != self._float32:
                 model_file.unlink(missing_ok=True)
         quality = measure.result()
@@ -185,6 +208,18 @@ class Bundles:
         """The Keras logits of checked row `i`, `(positions, V)`, read from their file (mapped only
         while read)."""
         return np.array(np.load(self._keras_logits, mmap_mode="r")[i])
+
+
+def _shipped(source, destination):
+    """Writes the TFLite file `source` to `destination` without its `TEACHER_FORCED` signature:
+    the bundle's model. Read through a mapping, written a buffer at a time
+    (`graph_passes.write_outside`)."""
+    with open(source, "rb") as file:
+        mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+    model = graph_passes.unpacked(mapped)  # its arrays are views of the mapping: unmapped with them
+    graph_passes.without_signatures(model, [TEACHER_FORCED])
+    with open(destination, "wb") as out:
+        graph_passes.write_outside(out, model)
 
 
 def _op_census(path):

@@ -61,6 +61,48 @@ def share_subgraphs(model):
         signature.subgraphIndex = renumber[signature.subgraphIndex]
 
 
+def without_signatures(model, keys):
+    """`model` (a `schema.ModelT`) in place without the signatures `keys`, the subgraphs no other
+    signature reaches (through the ops' subgraph fields: `IF`'s branches, ...) and the buffers
+    only those read. The subgraphs kept keep their order; every index into the subgraphs and
+    the buffers is renumbered."""
+    keys = {key.encode() if isinstance(key, str) else key for key in keys}
+    model.signatureDefs = [s for s in model.signatureDefs or [] if s.signatureKey not in keys]
+    if not model.signatureDefs:
+        raise ValueError(f"A model needs a signature besides {sorted(keys)}.")
+    reached, todo = set(), [signature.subgraphIndex for signature in model.signatureDefs]
+    while todo:
+        index = todo.pop()
+        if index not in reached:
+            reached.add(index)
+            for op in model.subgraphs[index].operators or []:
+                for options in (op.builtinOptions, op.builtinOptions2):
+                    for _, value in _subgraph_fields(options):
+                        todo.extend(value if isinstance(value, list) else [value])
+    kept = sorted(reached)
+    renumber = {old: new for new, old in enumerate(kept)}
+    model.subgraphs = [model.subgraphs[i] for i in kept]
+    for subgraph in model.subgraphs:
+        for op in subgraph.operators or []:
+            for options in (op.builtinOptions, op.builtinOptions2):
+                for name, value in _subgraph_fields(options):
+                    setattr(options, name, _renumbered(value, renumber))
+    for signature in model.signatureDefs:
+        signature.subgraphIndex = renumber[signature.subgraphIndex]
+    read = {0} | {entry.buffer for entry in model.metadata or []} | set(model.metadataBuffer or [])
+    read |= {tensor.buffer for subgraph in model.subgraphs for tensor in subgraph.tensors or []}
+    buffers = sorted(read)
+    position = {old: new for new, old in enumerate(buffers)}
+    model.buffers = [model.buffers[i] for i in buffers]
+    for subgraph in model.subgraphs:
+        for tensor in subgraph.tensors or []:
+            tensor.buffer = position[tensor.buffer]
+    for entry in model.metadata or []:
+        entry.buffer = position[entry.buffer]
+    if model.metadataBuffer is not None:
+        model.metadataBuffer = [position[i] for i in model.metadataBuffer]
+
+
 class Merge:
     """One TFLite model made of files converted one signature each from the same weights, each
     file added as it comes (`add`), so that only the model so far and one file are held: their
