@@ -203,6 +203,40 @@ def test_a_block_whose_values_skip_levels_is_still_its_own_grid_and_recovered_ex
     np.testing.assert_array_equal(codes + offsets, weights)
 
 
+def test_recoverability_looked_up_by_the_set_of_magnitudes_is_the_sorted_rule():
+    """`_recoverable` looks codes under 16 up by the bit mask of their magnitudes; the rule it
+    stands for (the smallest gap between sorted magnitudes, 0 included, divides them all) decides
+    every block alike, and larger codes still go by it."""
+    rng = np.random.default_rng(5)
+    for high in (1, 3, 8, 15, 40):
+        codes = rng.integers(-high, high + 1, (4000, 4)) * (rng.random((4000, 4)) < rng.random((4000, 1)))
+        expected = quantize._recoverable_sorted(np.abs(codes))
+        assert 0 < expected.mean() < 1 or high < 8  # below 8 every set of magnitudes is recoverable
+        np.testing.assert_array_equal(quantize._recoverable(codes), expected)
+    assert (
+        quantize._recoverable(np.array([[0, 2, 4, 6]])).all()
+        and not quantize._recoverable(np.array([[-8, -6, -3]])).all()
+    )
+
+
+def test_the_int4_rewrites_test_only_the_weights_they_did_not_split(monkeypatch):
+    """After the 4-bit sources are split, `finer_source` is asked only about the weights left
+    as they were (it costs about as much as the split, per weight)."""
+    from kzoo.export.litertlm import RuntimeSignatures
+    from kzoo.export.litertlm import bundle_model
+    from kzoo.export.tflite import graph_passes
+    from tests.export.test_litertlm_int4 import q4_source_lm
+
+    float32 = bundle_model(RuntimeSignatures(q4_source_lm(), 32), "tflite_fp32")
+    asked = []
+    finer = quantize.finer_source
+    monkeypatch.setattr(quantize, "finer_source", lambda weights: asked.append(weights.shape) or finer(weights))
+    model = graph_passes.unpacked(float32)
+    quantize._prepare(model, quantize.INT4)
+    # The Q8_0 feed-forward output projection, (out, in) = (64, 128), and the Q8_0 token table.
+    assert sorted(asked) == [(64, 128), (128, 64)]
+
+
 @pytest.mark.parametrize("value", [0.0, 0.3])
 def test_a_block_of_one_value_is_not_all_zero_codes(value):
     # Codes of 0 get the int4 scale 0, which LiteRT's XNNPACK refuses, failing the whole model

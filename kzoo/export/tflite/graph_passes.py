@@ -435,10 +435,11 @@ def split_fully_connected(model, split, residual_tag, offsets_tag, sums_tag):
     return added, count
 
 
-def tag_weighted_ops(model, choose, tag):
+def tag_weighted_ops(model, choose, tag, unless=()):
     """`model` (a `schema.ModelT`, changed in place) with `tag` added to the output names of the
     FULLY_CONNECTED and EMBEDDING_LOOKUP ops whose constant float32 2-D weights (a lookup's table) `choose` accepts;
-    the quantizer's recipe picks ops by these names. Returns the ops tagged."""
+    the quantizer's recipe picks ops by these names. Ops whose output carries a tag of `unless`
+    already are passed over (`choose` is never asked about their weights). Returns the ops tagged."""
     weighted = {
         i
         for i, code in enumerate(model.operatorCodes)
@@ -450,13 +451,15 @@ def tag_weighted_ops(model, choose, tag):
         for op in subgraph.operators:
             if op.opcodeIndex not in weighted or len(op.inputs) < 2:
                 continue
+            output = subgraph.tensors[op.outputs[0]]
+            name = output.name.decode() if isinstance(output.name, bytes) else output.name
+            if any(f";{other}" in name for other in unless):
+                continue
             weights = subgraph.tensors[op.inputs[1]]
             if weights.buffer not in chosen:
                 array = _constant_matrix(model, weights)
                 chosen[weights.buffer] = array is not None and bool(choose(array))
             if chosen[weights.buffer]:
-                output = subgraph.tensors[op.outputs[0]]
-                name = output.name.decode() if isinstance(output.name, bytes) else output.name
                 output.name = f"{name};{tag}"
                 count += 1
     return count

@@ -41,8 +41,10 @@ QUANTIZATIONS = {
     "call (ai-edge-quantizer's dynamic_wi4b32_afp32); a 4-bit source's blocks kept exactly (int4 codes, "
     "float32 block offsets), a 5- to 8-bit source's weights in int8 per channel",
 }
-# Values of a weight `_grid` fits at a time (`_row_chunks`).
-_CHUNK_VALUES = 1 << 22
+# Values of a weight `_grid` fits at a time (`_row_chunks`): its float64 temporaries (2 MB) stay
+# under glibc's threshold for mapping an allocation of its own (32 MB at most), so they are
+# reused, not mapped and faulted in afresh by every operation (which took most of its time).
+_CHUNK_VALUES = 1 << 18
 
 # The names the int4 recipe picks ops by (`graph_passes.split_fully_connected` and
 # `graph_passes.tag_weighted_ops` write them).
@@ -98,7 +100,8 @@ def _prepare(model, conversion):
     if conversion != INT4:
         return 0
     added, _ = graph_passes.split_fully_connected(model, source_blocks, SOURCE_BLOCKS, BLOCK_OFFSETS, BLOCK_SUMS)
-    graph_passes.tag_weighted_ops(model, finer_source, FINER_SOURCE)
+    # The split ops' own configurations win over FINER_SOURCE's: their weights are not tested.
+    graph_passes.tag_weighted_ops(model, finer_source, FINER_SOURCE, unless=(SOURCE_BLOCKS, BLOCK_OFFSETS, BLOCK_SUMS))
     return added
 
 
@@ -225,18 +228,35 @@ def _grid(weights, block, most, tolerance):
     blocks = np.ascontiguousarray(weights, np.float64).reshape(rows, inputs // block, block)
     low = blocks.min(-1, keepdims=True)
     span = blocks.max(-1, keepdims=True) - low
-    gaps = np.diff(np.sort(blocks, -1), axis=-1)
-    gaps[gaps <= tolerance * span] = np.inf
-    gap = gaps.min(-1, keepdims=True)
-    del gaps
-    flat = ~np.isfinite(gap)
-    gap[flat] = 1.0
-    levels, step = np.zeros(blocks.shape), np.ones(gap.shape)
-    # The step is the smallest gap, or a fraction of it where no two values are neighbours:
-    # tried on the blocks not yet fitted.
-    todo = np.flatnonzero(~flat.ravel())
-    flat_blocks, flat_low, flat_span, flat_gap = (x.reshape(-1, x.shape[-1]) for x in (blocks, low, span, gap))
+    scale = np.maximum(np.abs(blocks).max(-1, keepdims=True), np.finfo(np.float32).tiny)
+    flat = span == 0
+    levels, step = np.zeros(blocks.shape), np.ones(span.shape)
+    flat_blocks, flat_low, flat_span, flat_scale = (x.reshape(-1, x.shape[-1]) for x in (blocks, low, span, scale))
     flat_levels, flat_step = levels.reshape(-1, block), step.reshape(-1, 1)
+    todo = np.flatnonzero(~flat.ravel())
+    # Most blocks of a 4-bit source use all 16 levels: their step is the span over them, found
+    # without sorting every block (most of the time this took, at 1.5B parameters). A finer
+    # source's blocks seldom span all their levels.
+    if most <= 15 and todo.size:
+        values, lows, candidate_step = flat_blocks[todo], flat_low[todo], flat_span[todo] / most
+        candidate = np.rint((values - lows) / candidate_step)
+        fits = np.all(np.abs(values - (lows + candidate * candidate_step)) <= tolerance * flat_scale[todo], -1)
+        # The coarsest grid, as below: levels 0, 6 and 15 are 0, 2 and 5 of a step 3 times larger.
+        coarsest = candidate[fits] / np.gcd.reduce(candidate[fits].astype(np.int64), axis=-1, keepdims=True)
+        flat_levels[todo[fits]] = coarsest
+        flat_step[todo[fits]] = flat_span[todo[fits]] / coarsest.max(-1, keepdims=True)
+        todo = todo[~fits]
+        del values, lows, candidate, coarsest
+    if not todo.size:
+        return blocks, low, levels, step, flat
+    # The rest: the step is the smallest gap, or a fraction of it where no two values are
+    # neighbours, tried on the blocks not yet fitted.
+    values = flat_blocks[todo]
+    gaps = np.diff(np.sort(values, -1), axis=-1)
+    gaps[gaps <= tolerance * flat_span[todo]] = np.inf
+    flat_gap = np.ones((len(flat_blocks), 1))
+    flat_gap[todo] = gaps.min(-1, keepdims=True)
+    del gaps, values
     for parts in range(1, most + 1):
         if not todo.size:
             break
@@ -244,9 +264,8 @@ def _grid(weights, block, most, tolerance):
         candidate = np.rint((values - lows) / (flat_gap[todo] / parts))
         # The span over the most levels holds one float32 rounding; the smallest gap, two.
         candidate_step = flat_span[todo] / np.maximum(candidate.max(-1, keepdims=True), 1)
-        scale = np.maximum(np.abs(values).max(-1, keepdims=True), np.finfo(np.float32).tiny)
         fits = (candidate.max(-1) <= most) & np.all(
-            np.abs(values - (lows + candidate * candidate_step)) <= tolerance * scale, -1
+            np.abs(values - (lows + candidate * candidate_step)) <= tolerance * flat_scale[todo], -1
         )
         flat_levels[todo[fits]], flat_step[todo[fits]] = candidate[fits], candidate_step[fits]
         todo = todo[~fits]
@@ -260,13 +279,29 @@ def _grid(weights, block, most, tolerance):
 def _recoverable(codes):
     """Per block of integer `codes`, whether ai-edge-quantizer's dequantized-weight recovery gets
     them back exactly: it takes the smallest positive gap between the sorted magnitudes, 0
-    included, as the step."""
-    magnitudes = np.sort(np.concatenate([np.abs(codes), np.zeros_like(codes[..., :1])], -1), -1)
+    included, as the step. Which depends only on the set of magnitudes: looked up by its bit mask
+    where every magnitude is under 16 (`source_blocks`' codes), instead of sorting each block."""
+    magnitudes = np.abs(codes)
+    if magnitudes.size and magnitudes.max() < 16:
+        masks = np.bitwise_or.reduce(np.left_shift(1, magnitudes, dtype=np.int32), axis=-1, keepdims=True)
+        return _RECOVERABLE_MASKS[masks]
+    return _recoverable_sorted(magnitudes)
+
+
+def _recoverable_sorted(magnitudes):
+    """`_recoverable` of the magnitudes of blocks of integer codes, by sorting each block."""
+    magnitudes = np.sort(np.concatenate([magnitudes, np.zeros_like(magnitudes[..., :1])], -1), -1)
     gaps = np.diff(magnitudes, axis=-1).astype(np.float64)
     gaps[gaps == 0] = np.inf
     step = gaps.min(-1, keepdims=True)
     step[~np.isfinite(step)] = 1
-    return np.all(np.abs(codes) % step == 0, -1, keepdims=True)
+    return np.all(magnitudes % step == 0, -1, keepdims=True)
+
+
+# `_recoverable` of every set of magnitudes under 16, by its bit mask (bit m: magnitude m present).
+_RECOVERABLE_MASKS = _recoverable_sorted(
+    np.where((np.arange(1 << 16)[:, None] >> np.arange(16)) & 1, np.arange(16), 0)
+)[:, 0]
 
 
 def int4_problem(model):
