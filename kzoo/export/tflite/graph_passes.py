@@ -50,7 +50,12 @@ def share_subgraphs(model):
         canonical = merged
     kept = [i for i in range(len(model.subgraphs)) if canonical[i] == i]
     position = {old: new for new, old in enumerate(kept)}
-    renumber = {old: position[canonical[old]] for old in range(len(model.subgraphs))}
+    _keep_subgraphs(model, kept, {old: position[canonical[old]] for old in range(len(model.subgraphs))})
+
+
+def _keep_subgraphs(model, kept, renumber):
+    """`model`'s subgraphs `kept` (indices, in order), every op's subgraph field and every signature
+    renumbered through `renumber` (old index -> new)."""
     model.subgraphs = [model.subgraphs[i] for i in kept]
     for subgraph in model.subgraphs:
         for op in subgraph.operators or []:
@@ -80,15 +85,7 @@ def without_signatures(model, keys):
                     for _, value in _subgraph_fields(options):
                         todo.extend(value if isinstance(value, list) else [value])
     kept = sorted(reached)
-    renumber = {old: new for new, old in enumerate(kept)}
-    model.subgraphs = [model.subgraphs[i] for i in kept]
-    for subgraph in model.subgraphs:
-        for op in subgraph.operators or []:
-            for options in (op.builtinOptions, op.builtinOptions2):
-                for name, value in _subgraph_fields(options):
-                    setattr(options, name, _renumbered(value, renumber))
-    for signature in model.signatureDefs:
-        signature.subgraphIndex = renumber[signature.subgraphIndex]
+    _keep_subgraphs(model, kept, {old: new for new, old in enumerate(kept)})
     read = {0} | {entry.buffer for entry in model.metadata or []} | set(model.metadataBuffer or [])
     read |= {tensor.buffer for subgraph in model.subgraphs for tensor in subgraph.tensors or []}
     buffers = sorted(read)
