@@ -113,7 +113,6 @@ class RuntimeSignatures:
             (functools.partial(_prefill, model, n, cache_length, names, specs), n) for n in self.prefill_lengths
         ]
         self._functions.append((functools.partial(_decode, model, names, specs), 1))
-        self.check_length = check_length
         self._check = check_length and (
             functools.partial(_prefill, model, check_length, cache_length, names, specs, TEACHER_FORCED),
             check_length,

@@ -212,14 +212,10 @@ class Bundles:
 
 def _shipped(source, destination):
     """Writes the TFLite file `source` to `destination` without its `TEACHER_FORCED` signature:
-    the bundle's model. Read through a mapping, written a buffer at a time
-    (`graph_passes.write_outside`)."""
-    with open(source, "rb") as file:
-        mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
-    model = graph_passes.unpacked(mapped)  # its arrays are views of the mapping: unmapped with them
-    graph_passes.without_signatures(model, [TEACHER_FORCED])
-    with open(destination, "wb") as out:
-        graph_passes.write_outside(out, model)
+    the bundle's model (`graph_passes.rewrite_file`: no copy of its weights held)."""
+    graph_passes.rewrite_file(
+        source, destination, lambda model: graph_passes.without_signatures(model, [TEACHER_FORCED])
+    )
 
 
 def _op_census(path):

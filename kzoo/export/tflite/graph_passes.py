@@ -4,6 +4,7 @@ the export reports read from it. Every use of LiteRT's flatbuffer schema is here
 import collections
 import hashlib
 import io
+import mmap
 
 import flatbuffers
 import numpy as np
@@ -523,6 +524,20 @@ def write_outside(file, model):
         if buffer.data is not None and len(buffer.data) >= _OUTSIDE_BYTES
     }
     return write(file, model, large)
+
+
+def rewrite_file(source, destination, rewrite):
+    """Writes the TFLite file `source` to `destination` as `rewrite` changes it (a function of a
+    `schema.ModelT`, changing it in place), holding no copy of its weights: the source is read
+    through a mapping (the unpacked model's arrays are views of it, unmapped with the last of
+    them) and written a buffer at a time (`write_outside`)."""
+    with open(source, "rb") as file:
+        mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+    model = unpacked(mapped)
+    del mapped
+    rewrite(model)
+    with open(destination, "wb") as out:
+        write_outside(out, model)
 
 
 def _inline(model, size):

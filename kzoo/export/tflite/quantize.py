@@ -21,7 +21,6 @@ measurements that chose this: SmolLM2, Qwen2.5-Coder-0.5B, Gemma 3 270M.
 
 import contextlib
 import io
-import mmap
 from pathlib import Path
 
 import ml_dtypes
@@ -70,7 +69,7 @@ def quantize_file(source, conversion, destination):
 
     The source is read through a mapping and its rewrites (`_prepare`) are made on one unpacked
     model whose weights are views of it; the rewritten model goes to a file beside
-    `destination`, its weights one at a time (`graph_passes.write`), which ai-edge-quantizer
+    `destination`, its weights one at a time (`graph_passes.rewrite_file`), which ai-edge-quantizer
     maps and quantizes into `destination`, also through a mapping. Reading the source into
     bytes and packing each rewrite held three or four copies of its weights: 6 GB over a
     2.5 GB model."""
@@ -79,14 +78,7 @@ def quantize_file(source, conversion, destination):
         prepared = staged.with_name(staged.name + ".float32")
         staged.touch()  # with the usual permissions: the quantizer creates its file executable
         try:
-            with open(source, "rb") as file:
-                mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
-            # The model's arrays are views of the mapping: it is unmapped with the last of them.
-            model = graph_passes.unpacked(mapped)
-            _prepare(model, conversion)
-            with open(prepared, "wb") as out:
-                graph_passes.write_outside(out, model)
-            del model, mapped
+            graph_passes.rewrite_file(source, prepared, lambda model: _prepare(model, conversion))
             _quantized(prepared, conversion, str(staged))
         finally:
             prepared.unlink(missing_ok=True)
@@ -241,12 +233,13 @@ def _grid(weights, block, most, tolerance):
         values, lows, candidate_step = flat_blocks[todo], flat_low[todo], flat_span[todo] / most
         candidate = np.rint((values - lows) / candidate_step)
         fits = np.all(np.abs(values - (lows + candidate * candidate_step)) <= tolerance * flat_scale[todo], -1)
+        fitted, candidate = candidate[fits], None
         # The coarsest grid, as below: levels 0, 6 and 15 are 0, 2 and 5 of a step 3 times larger.
-        coarsest = candidate[fits] / np.gcd.reduce(candidate[fits].astype(np.int64), axis=-1, keepdims=True)
+        coarsest = fitted / np.gcd.reduce(fitted.astype(np.int64), axis=-1, keepdims=True)
         flat_levels[todo[fits]] = coarsest
         flat_step[todo[fits]] = flat_span[todo[fits]] / coarsest.max(-1, keepdims=True)
         todo = todo[~fits]
-        del values, lows, candidate, coarsest
+        del values, lows, fitted, coarsest
     if not todo.size:
         return blocks, low, levels, step, flat
     # The rest: the step is the smallest gap, or a fraction of it where no two values are
