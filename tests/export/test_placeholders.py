@@ -7,6 +7,7 @@ import io
 import numpy as np
 import pytest
 from ai_edge_litert import schema_py_generated as schema
+from ai_edge_litert.interpreter import Interpreter
 
 from kzoo import models
 from kzoo.checkpoints.families import FAMILIES
@@ -16,6 +17,7 @@ from kzoo.export.litertlm import RuntimeSignatures
 from kzoo.export.tflite import graph_passes
 from kzoo.export.tflite import placeholders
 from kzoo.export.tflite import quantize
+from kzoo.export.tflite import repeated_blocks
 from kzoo.export.tflite.convert import convert
 from tests.export.tiny_models import build
 from tests.export.tiny_models import redraw
@@ -27,12 +29,13 @@ CACHE_LENGTH = 16
 FAST = ("gemma3_text", "qwen2")
 
 
-def decoder(family, vocabulary_size, **sizes):
-    """A tiny decoder of `family`, every weight drawn: the norms' scales too, which the converter
-    would fold into the next weights if it were let (a product no placeholder stands for)."""
-    layers = {} if family.startswith("gemma") else {"num_hidden_layers": 3}  # Gemma's layer types list two
+def decoder(family, vocabulary_size, layers=None, **sizes):
+    """A tiny decoder of `family` (three blocks, Gemma's two, or `layers`), every weight drawn: the
+    norms' scales too, which the converter would fold into the next weights if it were let (a
+    product no placeholder stands for)."""
+    layers = layers or (2 if family.startswith("gemma") else 3)
     tied = family == "gemma3_text"  # a tied table, the others an untied head
-    backbone = decoder_backbone(family, vocab_size=vocabulary_size, tie_word_embeddings=tied, **layers, **sizes)
+    backbone = decoder_backbone(family, layers, vocab_size=vocabulary_size, tie_word_embeddings=tied, **sizes)
     lm = redraw(models.CausalLM(backbone))
     rng = np.random.default_rng(1)
     for weight in lm.weights:
@@ -87,7 +90,7 @@ def test_the_file_is_the_one_converted_from_the_weights(family, vocabulary_size)
 def test_the_converter_holds_one_block_per_kind_and_a_small_table():
     lm = redraw(models.CausalLM(decoder_backbone("llama", num_hidden_layers=6, vocab_size=20_000)))
     stand_ins = placeholders.Placeholders(lm, (CACHE_LENGTH,))
-    block = sum(int(np.prod(v.shape)) for v in lm.backbone.transformer_blocks[0].weights if len(v.shape) >= 2)
+    block = sum(int(np.prod(v.shape)) for v in lm.backbone.transformer_blocks[0].weights)
     table = stand_ins.stand_in_vocabulary * lm.backbone.hidden_dim
     held = sum(int(np.prod(p.variable.shape)) for p in stand_ins.placeholders)
     assert held == block + table
@@ -115,9 +118,17 @@ def test_weights_after_the_flatbuffer_at_offsets_load_in_litert():
 def test_a_fold_it_cannot_map_is_refused():
     lm = decoder("llama", 300)
     stand_ins = placeholders.Placeholders(lm, (CACHE_LENGTH,))
-    stand_in = np.asarray(stand_ins.placeholders[0].variable.numpy()).reshape(-1)
+    blocks = [p for p in stand_ins.placeholders if p.kind is not None]
+    matrix = max(blocks, key=lambda p: int(np.prod(p.variable.shape)))
+    stand_in = np.asarray(matrix.variable.numpy()).reshape(-1)
     assert placeholders._source(stand_in, stand_ins).index.tolist() == list(range(stand_in.size))
     assert placeholders._source(stand_in / np.float32(6.0), stand_ins).fold[1] == np.float32(6.0)
+    # Gemma's norms scale by `1 + w`, which the converter folds: the vectors' values are the
+    # lowest, where adding 1 changes every one of them.
+    vector = np.asarray(stand_ins.placeholders[0].variable.numpy())
+    assert vector.ndim == 1 and vector.max() < 2.0**21
+    source = placeholders._source(vector + np.float32(1.0), stand_ins)
+    assert source.fold == (np.add, np.float32(1.0)) and source.placeholder is stand_ins.placeholders[0]
     with pytest.raises(ValueError, match="cannot map back"):
         placeholders._source(np.sqrt(stand_in), stand_ins)  # no transpose, reshape or scalar
     ones = np.ones(stand_in.size, np.float32)  # close to proportional, yet no fold
@@ -160,3 +171,88 @@ def test_a_file_written_to_a_path_is_the_one_returned(tmp_path, monkeypatch, at_
     model = schema.Model.GetRootAs(flatbuffer, 0)
     offsets = [model.Buffers(i).Offset() > 1 for i in range(model.BuffersLength())]
     assert any(offsets) == at_offsets
+
+
+def signature_outputs(flatbuffer, vocabulary_size):
+    """Every signature's outputs on the same drawn inputs: `{signature: {output: array}}`."""
+    rng, outputs = np.random.default_rng(0), {}
+    interpreter = Interpreter(model_content=flatbuffer)
+    for name in sorted(interpreter.get_signature_list()):
+        runner = interpreter.get_signature_runner(name)
+        details = runner.get_input_details()
+        inputs = {"tokens": rng.integers(0, vocabulary_size, details["tokens"]["shape"], dtype=np.int32)}
+        inputs["input_pos"] = np.arange(8, 8 + details["input_pos"]["shape"][0], dtype=np.int32)
+        for cache in sorted(details):
+            if cache.startswith("kv_cache_"):
+                inputs[cache] = rng.normal(size=details[cache]["shape"]).astype(np.float32)
+        outputs[name] = runner(**inputs)
+    return outputs
+
+
+@pytest.mark.parametrize(
+    "family",
+    [pytest.param(family, marks=[] if family == "qwen2" else pytest.mark.slow) for family in FAMILIES],
+)
+def test_a_deep_decoder_converts_a_few_blocks_and_repeats_them(family, monkeypatch):
+    """Twelve blocks (SmolLM3, whose kinds repeat every four, twenty): the converter sees a few
+    (`repeated_blocks.plan`), the file holds their copies, and every signature (the cache's spans and
+    the checks' one included) computes bit for bit what the file converted from every block's
+    weights does."""
+    if FAMILIES[family].text_family is not None:
+        pytest.skip("a multimodal family exports its text decoder (the text family's test)")
+    layers = 12 if family != "smollm3" else 20
+    lm = decoder(family, 300, layers=layers, max_position_embeddings=64)
+    stand_ins = placeholders.Placeholders(lm, (64,))
+    assert stand_ins.repetition is not None and stand_ins.repetition.converted < layers
+    trace = lambda: RuntimeSignatures(lm, 64, spans="auto", check_length=16)  # noqa: E731
+    seen, original = [], placeholders.convert
+
+    def spy(signatures, tflite_format, **kwargs):
+        flatbuffer = original(signatures, tflite_format, **kwargs)
+        seen.append(Interpreter(model_content=flatbuffer).get_signature_runner("decode").get_input_details())
+        return flatbuffer
+
+    monkeypatch.setattr(placeholders, "convert", spy)
+    repeated = placeholders.converted(lm, trace, (64, 16, 32))
+    assert len(seen) == 1 and len([n for n in seen[0] if n.startswith("kv_cache_")]) < 2 * layers
+    whole = convert(trace(), "tflite_fp32", fuse_scales=False)
+    assert graph_passes.op_census(repeated) == graph_passes.op_census(whole)
+    expected, outputs = signature_outputs(whole, 300), signature_outputs(repeated, 300)
+    assert sorted(outputs) == sorted(expected) == ["decode", "prefill_16", "prefill_64", "teacher_forced"]
+    for name in expected:
+        assert sorted(outputs[name]) == sorted(expected[name])
+        for key in expected[name]:
+            np.testing.assert_array_equal(outputs[name][key], expected[name][key], err_msg=f"{name} {key}")
+    model = schema.ModelT.InitFromPackedBuf(repeated, 0)
+    for subgraph in model.subgraphs:  # the quantizer keys tensors by name
+        names = [tensor.name for tensor in subgraph.tensors]
+        assert len(set(names)) == len(names)
+
+
+def test_blocks_that_do_not_repeat_are_converted_whole(monkeypatch):
+    """Told that Gemma 3's sliding and global blocks are of one kind, the copies would be of the
+    wrong blocks: the converted blocks fail their check against the period before (another mask),
+    and every block is converted instead."""
+    lm = decoder("gemma3_text", 300, layers=6, max_position_embeddings=64)
+    monkeypatch.setattr(placeholders, "_without_names", lambda config: "one kind")
+    assert placeholders.Placeholders(lm, (64,)).repetition.period == 1
+    raised, original = [], repeated_blocks.repeated
+
+    def spy(*args):
+        try:
+            return original(*args)
+        except repeated_blocks.NotRepeated as error:
+            raised.append(error)
+            raise
+
+    monkeypatch.setattr(repeated_blocks, "repeated", spy)
+    trace = lambda: RuntimeSignatures(lm, 64)  # noqa: E731
+    flatbuffer = placeholders.converted(lm, trace, (64,))
+    assert len(raised) == 1
+    expected, outputs = (
+        signature_outputs(convert(trace(), "tflite_fp32", fuse_scales=False), 300),
+        signature_outputs(flatbuffer, 300),
+    )
+    for name in expected:
+        for key in expected[name]:
+            np.testing.assert_array_equal(outputs[name][key], expected[name][key])

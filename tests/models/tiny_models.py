@@ -102,13 +102,18 @@ _HF_BASE = dict(
 )
 
 
-def decoder_backbone(model_type, **sizes):
+def decoder_backbone(model_type, layers=None, **sizes):
     """The tiny `DecoderBackbone` of a family, as kzoo reads its tiny config (a multimodal one's
     text decoder) with `sizes` (config fields) over the base sizes, and the record's
-    `tiny.backbone` settings over it."""
+    `tiny.backbone` settings over it; `layers` blocks, where given (the record's layer types
+    repeated)."""
     family = FAMILIES[model_type]
     text = FAMILIES[family.text_family or model_type]
     config = {"model_type": model_type, **_HF_BASE, **sizes, **text.tiny.hf}
+    if layers is not None:
+        config["num_hidden_layers"] = layers
+        if "layer_types" in config:
+            config["layer_types"] = [config["layer_types"][i % len(config["layer_types"])] for i in range(layers)]
     if family.text_family is not None:
         config = {"model_type": model_type, **family.tiny.hf, "text_config": config}
     arguments = decoder_hf.backbone_config(config, ConfigReader(config, f"the tiny {model_type} config"))

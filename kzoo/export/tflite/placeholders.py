@@ -33,11 +33,16 @@ from kzoo import _compat
 from kzoo import files
 from kzoo.export import memory
 from kzoo.export.tflite import graph_passes
+from kzoo.export.tflite import repeated_blocks
 from kzoo.export.tflite.convert import convert
 
 # Placeholder values: consecutive float32 bit patterns from 2^20 up, far from any constant a
 # decoder computes (masks, rotary tables, scales are at most a few thousand in magnitude).
 _FIRST_BITS = np.uint32(0x49800000)
+# Bit patterns left unused after each placeholder: a scalar the converter adds to one (Gemma's
+# `1 + w`) moves its values by fewer patterns than this (at 2^20, 1.0 is 8), so that they fall
+# partly outside it, never wholly inside a placeholder where they would read as other elements.
+_GAP = 1 << 16
 # A float32 constant of 16 or more values, nine in ten of them at least this in magnitude (and below
 # 1e20), is taken for a placeholder's fold: a decoder's own constants (rotary tables, scales) are
 # far smaller, its masks' fill values far larger.
@@ -50,6 +55,8 @@ class _Placeholder:
     first_bits: int
     sources: list  # the real variables it stands for, in the order the blocks run
     vocabulary_axes: tuple = ()  # axes of the real variables that are the vocabulary
+    kind: str = None  # its blocks' kind, None for a weight of no block
+    stride: int = 1  # bit patterns between consecutive elements
 
 
 class Placeholders:
@@ -61,36 +68,42 @@ class Placeholders:
             the stand-in vocabulary is a prime above all of them and the model's own sizes.
     """
 
-    def __init__(self, model, sizes=()):
+    def __init__(self, model, sizes=(), repeat=True):
         backbone = model.backbone
+        self.backbone = backbone
         self.vocabulary_size = int(backbone.vocabulary_size)
         self.stand_in_vocabulary = _stand_in_vocabulary(model, sizes)
         self._swaps = []  # (layer, attribute, placeholder variable, real variable)
         self.placeholders = []
         self._next_bits = int(_FIRST_BITS)
-        blocks = list(backbone.transformer_blocks)
-        in_blocks = set()
+        self.blocks = list(backbone.transformer_blocks)
+        self.kinds = [repr(_without_names(block.get_config())) for block in self.blocks]
+        # Each kind's vectors first: the lowest placeholder values, where a scalar the converter
+        # adds (Gemma's `1 + w`) changes every value (below 2^24, float32's spacing is at most 1).
+        layers_of = {id(block): [block, *_compat.sublayers(block)] for block in self.blocks}
         references = {}
-        for block in blocks:
-            layers = [block, *_compat.sublayers(block)]
-            in_blocks.update(id(layer) for layer in layers)
-            kind = repr(_without_names(block.get_config()))
-            if kind not in references:
-                references[kind] = [
-                    (layer, name, self._placeholder(variable.shape, ()))
-                    for layer in layers
+        for rank in ("vectors", "matrices"):
+            for block, kind in zip(self.blocks, self.kinds):
+                if (kind, rank) in references:
+                    continue
+                references[(kind, rank)] = [
+                    (layer, name, self._placeholder(variable.shape, (), kind))
+                    for layer in layers_of[id(block)]
                     for name, variable in _variables(layer)
-                    if len(variable.shape) >= 2
+                    if _rank(variable) == rank
                 ]
-            wanted = [(layer, name, variable) for layer in layers for name, variable in _variables(layer)]
-            wanted = [item for item in wanted if len(item[2].shape) >= 2]
-            if len(wanted) != len(references[kind]):
+        for block, kind in zip(self.blocks, self.kinds):
+            wanted = [(layer, name, variable) for layer in layers_of[id(block)] for name, variable in _variables(layer)]
+            wanted = [item for rank in ("vectors", "matrices") for item in wanted if _rank(item[2]) == rank]
+            reference = references[(kind, "vectors")] + references[(kind, "matrices")]
+            if len(wanted) != len(reference):
                 raise ValueError(f"Block {block.name} has another structure than its kind's first block.")
-            for (layer, name, variable), (_, _, placeholder) in zip(wanted, references[kind]):
+            for (layer, name, variable), (_, _, placeholder) in zip(wanted, reference):
                 if tuple(variable.shape) != tuple(placeholder.variable.shape):
                     raise ValueError(f"Block {block.name}'s {variable.path} has another shape than its placeholder.")
                 placeholder.sources.append(variable)
                 self._swaps.append((layer, name, placeholder.variable, variable))
+        in_blocks = {id(layer) for layers in layers_of.values() for layer in layers}
         for layer in _compat.sublayers(model):
             if id(layer) in in_blocks:
                 continue
@@ -104,24 +117,44 @@ class Placeholders:
                 placeholder = self._placeholder(shape, axes)
                 placeholder.sources.append(variable)
                 self._swaps.append((layer, name, placeholder.variable, variable))
+        # Converted: a few blocks, the others their copies (`repeated_blocks`), or every block.
+        self.repetition = repeated_blocks.plan(self.kinds) if repeat else None
 
-    def _placeholder(self, shape, vocabulary_axes):
+    def weight_blocks(self, sources):
+        """`{buffer: [converted block of each use]}` for the buffers of `sources` (`_sources`) that
+        are blocks' weights, as `repeated_blocks.repeated` takes them."""
+        traced = self.repetition.traced
+        return {
+            buffer: [t for t, block in enumerate(traced) if self.kinds[block] == source.placeholder.kind]
+            for buffer, source in sources.items()
+            if source.placeholder.kind is not None
+        }
+
+    def _placeholder(self, shape, vocabulary_axes, kind=None):
         count = int(np.prod(shape))
-        bits = np.arange(self._next_bits, self._next_bits + count, dtype=np.uint32)
+        # A vector's values step by a stride of its own: the converter folds a scalar into a
+        # vector (Gemma's `1 + w`), and vectors of one length and the same step would be one
+        # another plus a scalar. An odd stride never divides the patterns an added 1 moves by.
+        stride = 1 if len(shape) > 1 else 3 + 2 * sum(len(p.variable.shape) == 1 for p in self.placeholders)
+        bits = self._next_bits + stride * np.arange(count, dtype=np.uint32)
         variable = keras.Variable(bits.view(np.float32).reshape(shape), dtype="float32", trainable=False)
-        placeholder = _Placeholder(variable, self._next_bits, [], vocabulary_axes)
-        self._next_bits += count
+        placeholder = _Placeholder(variable, self._next_bits, [], vocabulary_axes, kind, stride)
+        self._next_bits += stride * count + _GAP
         self.placeholders.append(placeholder)
         return placeholder
 
     def __enter__(self):
         for layer, name, stand_in, _ in self._swaps:
             object.__setattr__(layer, name, stand_in)
+        if self.repetition is not None:
+            traced = [self.blocks[i] for i in self.repetition.traced]
+            object.__setattr__(self.backbone, "transformer_blocks", traced)
         return self
 
     def __exit__(self, *exc):
         for layer, name, _, real in self._swaps:
             object.__setattr__(layer, name, real)
+        object.__setattr__(self.backbone, "transformer_blocks", self.blocks)
         return False
 
     def placeholder_of(self, values):
@@ -132,15 +165,23 @@ class Placeholders:
             return None
         low, high = int(bits.min()), int(bits.max())
         for placeholder in self.placeholders:
-            first = placeholder.first_bits
-            if first <= low and high < first + int(np.prod(placeholder.variable.shape)):
-                return placeholder, bits.astype(np.int64) - placeholder.first_bits
+            first, stride = placeholder.first_bits, placeholder.stride
+            if first <= low and high < first + stride * int(np.prod(placeholder.variable.shape)):
+                steps = bits.astype(np.int64) - first
+                if stride > 1 and np.any(steps % stride):
+                    return None
+                return placeholder, steps // stride
         return None
 
 
 def _variables(layer):
     """`(attribute, variable)` of the Keras variables `layer` holds as its own attributes."""
     return [(name, value) for name, value in vars(layer).items() if isinstance(value, keras.Variable)]
+
+
+def _rank(variable):
+    """ "vectors" or "matrices" (two or more dimensions): a block's weights of either are placeholders."""
+    return {0: None, 1: "vectors"}.get(len(variable.shape), "matrices")
 
 
 def _without_names(config):
@@ -221,11 +262,16 @@ def _source(values, placeholders):
         stand_in = keras.ops.convert_to_numpy(placeholder.variable)
         for _, layout in _layouts(stand_in.ndim):
             laid = layout(stand_in).reshape(-1)
-            # A scalar the converter divided or multiplied by (a soft cap): the float32 nearest the
-            # ratio or a neighbour, reproducing every value exactly. Exactness is what tells a fold
-            # from a constant merely close to proportional (placeholder values are near each other).
-            for operation in (np.divide, np.multiply):
-                ratio = laid.astype(np.float64) / values if operation is np.divide else values / laid
+            # A scalar the converter added (Gemma's `1 + w`), divided or multiplied by (a soft cap):
+            # the float32 nearest the difference or ratio or a neighbour, reproducing every value
+            # exactly. Exactness is what tells a fold from a constant merely close to proportional.
+            # Placeholder values are near each other, so that adding 1 to one is also dividing it
+            # by a scalar near 1: the sum is tried first.
+            for operation in (np.add, np.divide, np.multiply):
+                if operation is np.add:
+                    ratio = values.astype(np.float64) - laid
+                else:
+                    ratio = laid.astype(np.float64) / values if operation is np.divide else values / laid
                 nearest = np.float32(np.median(ratio))
                 for scalar in (
                     nearest,
@@ -265,6 +311,9 @@ def resolve(flatbuffer, placeholders):
             source = _source(np.frombuffer(np.asarray(data, np.uint8).tobytes(), np.float32), placeholders)
             if source is not None:
                 sources[tensor.buffer] = source
+    if placeholders.repetition is not None:
+        names = [block.name for block in placeholders.blocks]
+        repeated_blocks.repeated(model, placeholders.repetition, placeholders.weight_blocks(sources), names)
     stand_in, vocabulary = placeholders.stand_in_vocabulary, placeholders.vocabulary_size
     readers, buffer_of = {}, {}
     signed = {signature.subgraphIndex for signature in model.signatureDefs or []}
@@ -353,14 +402,11 @@ def converted(model, trace, sizes=(), path=None):
         The bytes, or None when written to `path`.
     """
     stand_ins = Placeholders(model, sizes)
-    with stand_ins:  # the signatures are traced as they are converted, one at a time
-        signatures = trace()
-        # A norm's scale folded into the next weights would make each of them a product of two
-        # weights, which no placeholder stands for; as its own MUL it costs one multiply per value.
-        small = convert(signatures, "tflite_fp32", fuse_scales=False, apart=True)
-    del signatures
-    resolved, readers = resolve(small, stand_ins)
-    del small
+    try:
+        resolved, readers = _resolved(stand_ins, trace)
+    except repeated_blocks.NotRepeated:
+        stand_ins.repetition = None  # every block converted
+        resolved, readers = _resolved(stand_ins, trace)
     total = memory.float32_weight_bytes(model)
     if total < graph_passes.FLATBUFFER_LIMIT:
         for index, read in readers.items():
@@ -378,3 +424,16 @@ def converted(model, trace, sizes=(), path=None):
         with files.atomic_file(path) as file:
             graph_passes.write(file, resolved, readers)
     return None
+
+
+def _resolved(stand_ins, trace):
+    """`resolve` of the signatures `trace()` makes, converted with `stand_ins`."""
+    with stand_ins:
+        signatures = trace()
+        # A norm's scale folded into the next weights would make each of them a product of two
+        # weights, which no placeholder stands for; as its own MUL it costs one multiply per value.
+        # A few blocks convert at once; every block a signature at a time, each traced as it is
+        # converted (the converter's memory grows with the graph).
+        small = convert(signatures, "tflite_fp32", fuse_scales=False, apart=stand_ins.repetition is None)
+    del signatures
+    return resolve(small, stand_ins)
