@@ -65,6 +65,7 @@ DOCTEST_MODULES = [
     "kzoo.data.corpora",
     "kzoo.data.pipelines",
     "kzoo.data.readers",
+    "kzoo.export.tflite.repeated_blocks",
     "kzoo.files",
     "kzoo.layers",
     "kzoo.layers._block",

@@ -479,6 +479,14 @@ def _fc_options(options):
     return new
 
 
+def copied(value):
+    """A copy of a schema object (a `TensorT`, an `OperatorT`) whose lists and arrays are its own."""
+    copy = type(value)()
+    for name, field in vars(value).items():
+        setattr(copy, name, field.copy() if isinstance(field, (list, np.ndarray)) else field)
+    return copy
+
+
 def unpacked(flatbuffer):
     """The TFLite `flatbuffer` as a `schema.ModelT`, the data of buffers stored after the
     flatbuffer (at offsets: `write`) read in place, as views of `flatbuffer`."""

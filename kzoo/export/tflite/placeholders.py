@@ -4,22 +4,24 @@ TensorFlow's converter holds about ten copies of the weights it folds into const
 SavedModel it writes, its importer's constants, their optimized and exported forms: measured in
 BENCHMARKS.md, "Export memory"), so a 1.5B model would need about 100 GB. Here it converts a stand-in:
 
-- the large weights of each transformer block (every variable of two or more dimensions) are
-  swapped, while tracing, for placeholders of the same shape, and every block of the same
-  configuration uses its first block's placeholders (one set per kind of block: a Gemma 3 model
-  has two, its sliding and its global layers);
+- the weights of each transformer block (its vectors too: norm scales, biases) are swapped,
+  while tracing, for placeholders of the same shape, and every block of the same configuration
+  uses its first block's placeholders (one set per kind of block: a Gemma 3 model has two, its
+  sliding and its global layers);
 - every weight with a dimension of the vocabulary (the token table, an untied head) is swapped
   for a placeholder of `stand_in_vocabulary` rows, a prime no other dimension of the graph has;
-- everything else (norm scales, biases, position tables) is converted as it is.
+- everything else (the final norm, position tables) is converted as it is.
 
 Each placeholder element holds a float32 value no other element of the model's placeholders holds
-(consecutive bit patterns above 2^20), so that each constant of the converted file tells which
-placeholder elements it holds, in which order: the converter's transposes and reshapes are read off
-the file, not assumed. `resolve` then gives each use of a shared placeholder, in the order the ops
-run (block 0 before block 1), its own buffer of the real weights, sets the vocabulary back, and
-`converted` writes the file, each weight read from its Keras variable one at a time: inside the
-flatbuffer, or for a file past 2 GB, after it at an offset (TFLite's layout, which lets a file pass
-the 2 GB a flatbuffer can address: `graph_passes.write`).
+(bit patterns above 2^20, consecutive in a matrix, a stride of its own apart in a vector), so that
+each constant of the converted file tells which placeholder elements it holds, in which order: the
+converter's transposes and reshapes are read off the file, not assumed, and so are the scalars it
+folds in (a soft cap, Gemma's `1 + w`). Where a model's blocks repeat, the converter sees a few of
+them and the file holds copies of the others (`repeated_blocks`). `resolve` then gives each use of
+a shared placeholder, in the order the ops run (block 0 before block 1), its own buffer of the real
+weights, sets the vocabulary back, and `converted` writes the file, each weight read from its Keras
+variable one at a time: inside the flatbuffer, or for a file past 2 GB, after it at an offset
+(TFLite's layout, which lets a file pass the 2 GB a flatbuffer can address: `graph_passes.write`).
 """
 
 import dataclasses
@@ -66,9 +68,12 @@ class Placeholders:
         model: a causal LM with `backbone.transformer_blocks`.
         sizes: ints the converted graph may have as dimensions (cache and prefill lengths);
             the stand-in vocabulary is a prime above all of them and the model's own sizes.
+
+    While entered, the backbone's blocks are also only those `repetition` (a
+    `repeated_blocks.Plan`, or None for all) converts.
     """
 
-    def __init__(self, model, sizes=(), repeat=True):
+    def __init__(self, model, sizes=()):
         backbone = model.backbone
         self.backbone = backbone
         self.vocabulary_size = int(backbone.vocabulary_size)
@@ -118,7 +123,7 @@ class Placeholders:
                 placeholder.sources.append(variable)
                 self._swaps.append((layer, name, placeholder.variable, variable))
         # Converted: a few blocks, the others their copies (`repeated_blocks`), or every block.
-        self.repetition = repeated_blocks.plan(self.kinds) if repeat else None
+        self.repetition = repeated_blocks.plan(self.kinds)
 
     def weight_blocks(self, sources):
         """`{buffer: [converted block of each use]}` for the buffers of `sources` (`_sources`) that
@@ -298,7 +303,9 @@ def resolve(flatbuffer, placeholders):
     the next block's: block k's output feeds block k + 1, so its ops run first. A signature may
     use it fewer times (a prefill, whose result is the cache alone, has no use for the last
     block's query, output projection and feed-forward: the converter drops them), never more
-    (ValueError). A constant the converter folded from a placeholder in a way that is not a layout
+    (ValueError). Where `placeholders.repetition` converted a few blocks, the others are their
+    copies first (`repeated_blocks.repeated`, which raises `NotRepeated` where they do not repeat).
+    A constant the converter folded from a placeholder in a way that is not a layout
     (a transpose or reshape), or one divided or multiplied by a scalar, is refused too (ValueError).
     """
     model = schema.ModelT.InitFromPackedBuf(flatbuffer, 0)
@@ -345,7 +352,7 @@ def resolve(flatbuffer, placeholders):
                     )
                 tensor = subgraph.tensors[index]
                 if tensor.buffer != original[index] and tensor.buffer != buffer_of[key]:
-                    tensor = _copied(tensor)  # another block's use of the same tensor: one of its own
+                    tensor = graph_passes.copied(tensor)  # another block's use of the same tensor: one of its own
                     tensor.name = tensor.name + f";block {block}".encode()  # names are unique in a file
                     subgraph.tensors.append(tensor)
                     inputs[position] = len(subgraph.tensors) - 1
@@ -356,13 +363,6 @@ def resolve(flatbuffer, placeholders):
     if stand_in is not None:
         _restore_vocabulary(model, stand_in, vocabulary)
     return model, readers
-
-
-def _copied(tensor):
-    copy = schema.TensorT()
-    for name, value in vars(tensor).items():
-        setattr(copy, name, value.copy() if isinstance(value, (list, np.ndarray)) else value)
-    return copy
 
 
 def _restore_vocabulary(model, stand_in, vocabulary):

@@ -23,6 +23,8 @@ import re
 import numpy as np
 from ai_edge_litert import schema_py_generated as schema
 
+from kzoo.export.tflite import graph_passes
+
 _CACHE_NAME = re.compile(r"^kv_cache_([kv])_(\d+)$")
 
 
@@ -49,7 +51,17 @@ class Plan:
 
 def plan(kinds):
     """The `Plan` for blocks of `kinds` (one hashable per block, equal for blocks that convert to
-    the same ops) that converts the fewest, or None where converting a few would save nothing."""
+    the same ops) that converts the fewest, or None where converting a few would save nothing.
+
+    Example:
+
+    >>> plan(["full"] * 28)  # Qwen2.5-Coder-1.5B: blocks 0-3 and 27 converted
+    Plan(layers=28, period=1, converted=5)
+    >>> plan(["full"] + ["sliding"] * 23).traced  # the first block of its own kind
+    [0, 1, 2, 3, 4, 23]
+    >>> print(plan((["sliding"] * 5 + ["full"]) * 3))  # Gemma 3 270M: every block converted
+    None
+    """
     layers, best = len(kinds), None
     for period in range(1, layers):
         start = layers - period  # the repetition's first block
@@ -82,6 +94,8 @@ def repeated(model, repetition, weight_blocks, block_names):
 
 
 class _Subgraph:
+    """One signature's subgraph: each op's block (its label), and the copies `repeat` adds."""
+
     def __init__(self, model, signature, repetition, weight_blocks, block_names):
         self.model, self.signature, self.plan = model, signature, repetition
         self.subgraph = model.subgraphs[signature.subgraphIndex]
@@ -153,12 +167,12 @@ class _Subgraph:
         for block in range(last, plan.layers - 1):
             template = first + (block - last) % plan.period
             for i in self.segments[template]:
-                op = _copied_op(ops[i])
+                op = graph_passes.copied(ops[i])
                 inputs = [self._input(index, template, block, added_inputs) for index in ops[i].inputs]
                 op.inputs = np.array(inputs, np.int32)
                 new_outputs = []
                 for slot, index in enumerate(ops[i].outputs):
-                    tensor = _copied_tensor(self.subgraph.tensors[index])
+                    tensor = graph_passes.copied(self.subgraph.tensors[index])
                     tensor.name = self._renamed(tensor.name, template, block)
                     self.subgraph.tensors.append(tensor)
                     new = len(self.subgraph.tensors) - 1
@@ -205,7 +219,7 @@ class _Subgraph:
             _, kind, layer = where
             target = into - (block - layer)
             if (kind, target) not in self.cache_inputs:
-                tensor = _copied_tensor(self.subgraph.tensors[index])
+                tensor = graph_passes.copied(self.subgraph.tensors[index])
                 tensor.name = _renamed_layer(tensor.name, layer, target)
                 self.subgraph.tensors.append(tensor)
                 self.cache_inputs[(kind, target)] = len(self.subgraph.tensors) - 1
@@ -290,20 +304,6 @@ def _unique_names(subgraph):
         if tensor.name in seen:
             tensor.name = tensor.name + f";{number}".encode()
         seen.add(tensor.name)
-
-
-def _copied_op(op):
-    copy = schema.OperatorT()
-    for name, value in vars(op).items():
-        setattr(copy, name, value.copy() if isinstance(value, (list, np.ndarray)) else value)
-    return copy
-
-
-def _copied_tensor(tensor):
-    copy = schema.TensorT()
-    for name, value in vars(tensor).items():
-        setattr(copy, name, value.copy() if isinstance(value, (list, np.ndarray)) else value)
-    return copy
 
 
 def _same_tensor(a, b):
