@@ -149,6 +149,8 @@ class _Subgraph:
         last = plan.converted - 1  # the converted last block (with the head's ops after it)
         first = last - plan.period  # the period repeated
         inside = [i for i, label in enumerate(self.labels) if 0 <= label < last]
+        if not inside:
+            raise NotRepeated("No op of the converted blocks but the last.")
         cut = max(inside) + 1
         if any(label == last for label in self.labels[:cut]):
             raise NotRepeated("The last block's ops run among the others'.")
