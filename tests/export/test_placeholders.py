@@ -4,6 +4,7 @@ while the converter holds one block's weights per kind of block and a small voca
 
 import io
 
+import keras
 import numpy as np
 import pytest
 from ai_edge_litert import schema_py_generated as schema
@@ -256,3 +257,13 @@ def test_blocks_that_do_not_repeat_are_converted_whole(monkeypatch):
     for name in expected:
         for key in expected[name]:
             np.testing.assert_array_equal(outputs[name][key], expected[name][key])
+
+
+def test_blocks_with_a_scalar_weight_are_all_converted():
+    """A scalar weight is converted as it is, not as a placeholder: copies of a block would hold
+    its value in every block, so no block is copied."""
+    lm = decoder("llama", 300, layers=12)
+    assert placeholders.Placeholders(lm, (CACHE_LENGTH,)).repetition is not None
+    for block in lm.backbone.transformer_blocks:  # as a layer built with one would hold it
+        object.__setattr__(block.feed_forward, "gain", keras.Variable(1.0))
+    assert placeholders.Placeholders(lm, (CACHE_LENGTH,)).repetition is None

@@ -122,8 +122,11 @@ class Placeholders:
                 placeholder = self._placeholder(shape, axes)
                 placeholder.sources.append(variable)
                 self._swaps.append((layer, name, placeholder.variable, variable))
-        # Converted: a few blocks, the others their copies (`repeated_blocks`), or every block.
-        self.repetition = repeated_blocks.plan(self.kinds)
+        # Converted: a few blocks, the others their copies (`repeated_blocks`), or every block (a
+        # block's scalar weight is no placeholder: copies would hold the copied block's value).
+        weights = [variable for layers in layers_of.values() for layer in layers for _, variable in _variables(layer)]
+        scalars = any(_rank(variable) is None for variable in weights)
+        self.repetition = None if scalars else repeated_blocks.plan(self.kinds)
 
     def weight_blocks(self, sources):
         """`{buffer: [converted block of each use]}` for the buffers of `sources` (`_sources`) that
@@ -185,7 +188,8 @@ def _variables(layer):
 
 
 def _rank(variable):
-    """ "vectors" or "matrices" (two or more dimensions): a block's weights of either are placeholders."""
+    """Which of a block's weights, all placeholders, `variable` is: "vectors", "matrices" (two or
+    more dimensions), or None (a scalar: converted as it is, so every block is converted)."""
     return {0: None, 1: "vectors"}.get(len(variable.shape), "matrices")
 
 
