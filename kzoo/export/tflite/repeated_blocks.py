@@ -100,6 +100,8 @@ class _Subgraph:
         self.model, self.signature, self.plan = model, signature, repetition
         self.subgraph = model.subgraphs[signature.subgraphIndex]
         self.names = block_names
+        self.last = repetition.converted - 1  # the converted last block (with the head's ops after it)
+        self.first = self.last - repetition.period  # the period repeated
         self.cache = {}  # tensor -> (k or v, converted layer)
         for entry in signature.inputs:
             match = _CACHE_NAME.match(entry.name.decode())
@@ -145,9 +147,7 @@ class _Subgraph:
         return ("shared", index)
 
     def repeat(self):
-        plan, ops = self.plan, self.subgraph.operators
-        last = plan.converted - 1  # the converted last block (with the head's ops after it)
-        first = last - plan.period  # the period repeated
+        plan, ops, first, last = self.plan, self.subgraph.operators, self.first, self.last
         inside = [i for i, label in enumerate(self.labels) if 0 <= label < last]
         if not inside:
             raise NotRepeated("No op of the converted blocks but the last.")
@@ -157,14 +157,12 @@ class _Subgraph:
         for block in range(first, last):
             self._check(block, block - plan.period)
         self.tensors = {}  # (block, position, slot) -> tensor, for the copies
-        self.cache_inputs = {}  # (k/v, block) -> tensor
-        for entry in self.signature.inputs:
-            match = _CACHE_NAME.match(entry.name.decode())
-            if match:
-                layer = int(match[2])
-                self.cache_inputs[(match[1], plan.layers - 1 if layer == last else layer)] = entry.tensorIndex
+        # (k/v, block) -> tensor; the converted last block is the model's
+        self.cache_inputs = {
+            (kind, plan.layers - 1 if layer == last else layer): index for index, (kind, layer) in self.cache.items()
+        }
         added_inputs, added_outputs = [], []
-        outputs = {entry.tensorIndex: entry.name.decode() for entry in self.signature.outputs}
+        outputs = {entry.tensorIndex: entry.name for entry in self.signature.outputs}
         copies = []
         for block in range(last, plan.layers - 1):
             template = first + (block - last) % plan.period
@@ -181,7 +179,7 @@ class _Subgraph:
                     self.tensors[(block, self.position[i], slot)] = new
                     new_outputs.append(new)
                     if index in outputs:
-                        added_outputs.append((_layer_name(outputs[index], block), new))
+                        added_outputs.append((_renamed_layer(outputs[index], template, block), new))
                 op.outputs = np.array(new_outputs, np.int32)
                 copies.append(op)
         for i in range(cut, len(ops)):
@@ -192,7 +190,7 @@ class _Subgraph:
         for entry in [*self.signature.inputs, *self.signature.outputs]:
             match = _CACHE_NAME.match(entry.name.decode())
             if match and int(match[2]) == last:
-                entry.name = _layer_name(entry.name.decode(), plan.layers - 1).encode()
+                entry.name = _renamed_layer(entry.name, last, plan.layers - 1)
                 tensor = self.subgraph.tensors[entry.tensorIndex]
                 tensor.name = _renamed_layer(tensor.name, last, plan.layers - 1)
         self.subgraph.inputs = np.array([*self.subgraph.inputs, *(index for _, index in added_inputs)], np.int32)
@@ -209,12 +207,12 @@ class _Subgraph:
         if where[0] == "op":
             _, source, position, slot = where
             target = into - (block - source)
-            if target == into and block == self.plan.converted - 1:
+            if target == into and block == self.last:
                 return index  # the last block's own ops
-            if target != source and source < self.plan.converted - 1 - 2 * self.plan.period:
+            if target != source and source < self.first - self.plan.period:
                 # Ops are matched by their place in a block: checked for the last two periods only.
                 raise NotRepeated("A block reads a block further back than the periods checked.")
-            if target < self.plan.converted - 1:
+            if target < self.last:
                 return self.subgraph.operators[self.segments[target][position]].outputs[slot]
             return self.tensors[(target, position, slot)]
         if where[0] == "cache":
@@ -225,7 +223,7 @@ class _Subgraph:
                 tensor.name = _renamed_layer(tensor.name, layer, target)
                 self.subgraph.tensors.append(tensor)
                 self.cache_inputs[(kind, target)] = len(self.subgraph.tensors) - 1
-                added_inputs.append((f"kv_cache_{kind}_{target}", len(self.subgraph.tensors) - 1))
+                added_inputs.append((f"kv_cache_{kind}_{target}".encode(), len(self.subgraph.tensors) - 1))
             return self.cache_inputs[(kind, target)]
         return index
 
@@ -281,20 +279,17 @@ class _Subgraph:
         return (renamed if renamed != name.decode() else f"{renamed};{new}").encode()
 
 
-def _layer_name(name, layer):
-    return re.sub(r"(kv_cache_[kv]_)\d+$", rf"\g<1>{layer}", name)
-
-
 def _renamed_layer(name, layer, into):
+    """`name` (bytes: a signature entry's or a tensor's) with layer `layer`'s cache made `into`'s."""
     return re.sub(rf"(kv_cache_[kv]_){layer}(?![0-9])", rf"\g<1>{into}", name.decode()).encode()
 
 
 def _entries(entries, added):
-    """A signature's inputs or outputs with `added` (name, tensor), sorted by name as the converter's."""
+    """A signature's inputs or outputs with `added` (name bytes, tensor), sorted by name as the converter's."""
     more = []
     for name, index in added:
         entry = schema.TensorMapT()
-        entry.name, entry.tensorIndex = name.encode(), index
+        entry.name, entry.tensorIndex = name, index
         more.append(entry)
     return sorted([*entries, *more], key=lambda entry: entry.name)
 
