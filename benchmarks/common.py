@@ -8,6 +8,8 @@ import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import threading
 import time
 
@@ -76,6 +78,22 @@ def environment():
         record["jax"] = jax.__version__
         record["devices"] = [str(device.device_kind) for device in jax.devices()]
     return record
+
+
+def in_fresh_process(function, *args):
+    """`function(*args)` run in a fresh Python process (its memory is given back when it ends);
+    `args` and the result pass through JSON."""
+    module = function.__module__
+    if module == "__main__":  # the benchmark run as `python -m benchmarks.NAME`
+        module = sys.modules["__main__"].__spec__.name
+    code = (
+        f"import json, sys; from {module} import {function.__name__} as f; "
+        "print(json.dumps(f(*json.loads(sys.argv[1]))))"
+    )
+    result = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True)
+    if result.returncode:
+        sys.exit(f"{function.__name__} failed:\n{result.stderr[-4000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def report(name, results, path=None):

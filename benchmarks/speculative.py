@@ -21,10 +21,9 @@ each (compilation), and each speed is the new tokens of `--rounds` rounds over t
 """
 
 import argparse
-import json
-import subprocess
 import sys
 
+from benchmarks.common import in_fresh_process
 from benchmarks.common import report
 from benchmarks.common import wait_for_quiet
 
@@ -142,18 +141,6 @@ def transformers_runs(target_path, draft_path, ids, new_tokens, rounds):
         "outputs": [outputs[("alone", tuple(p))] for p in ids],
         "assisted_same_tokens": all(outputs[("assisted", tuple(p))] == outputs[("alone", tuple(p))] for p in ids),
     }
-
-
-def in_fresh_process(function, *args):
-    """`function(*args)` run in a fresh Python process (its memory is given back when it ends)."""
-    code = (
-        "import json, sys; from benchmarks import speculative as s; "
-        f"print(json.dumps(s.{function.__name__}(*json.loads(sys.argv[1]))))"
-    )
-    result = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True)
-    if result.returncode:
-        sys.exit(f"{function.__name__} failed:\n{result.stderr[-4000:]}")
-    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def main():

@@ -13,6 +13,7 @@ from kzoo.models.cross_entropy import TokenCrossEntropy
 from kzoo.models.cross_entropy import token_cross_entropy
 from kzoo.models.decoder import CausalLM
 from kzoo.models.decoder import DecoderBackbone
+from kzoo.models.decoder import PromptLookup
 from kzoo.models.decoder import ReplyLogits
 from kzoo.models.feed_forward import FeedForwardLanguageModel
 from kzoo.models.gpt import GPTBackbone

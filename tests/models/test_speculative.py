@@ -142,10 +142,11 @@ def chi_square_p_value(counts, expected_probabilities):
     return stats.chisquare(observed, expected).pvalue
 
 
+@pytest.mark.parametrize("lookup", [False, True], ids=["draft_model", "prompt_lookup"])
 @pytest.mark.parametrize(
     "sampler", [samplers.RandomSampler(), samplers.TopKSampler(k=3, temperature=0.8)], ids=["random", "top_k"]
 )
-def test_sampling_keeps_the_targets_distribution(sampler):
+def test_sampling_keeps_the_targets_distribution(sampler, lookup):
     """The first three new tokens (216 continuations), drawn 400 times with a draft of other
     weights, against the target's exact distribution: the rejection rule (accept with
     min(1, p / q), else draw from max(0, p - q)) gives p itself, where sampling from the draft
@@ -156,12 +157,18 @@ def test_sampling_keeps_the_targets_distribution(sampler):
     acceptance of min(1, q / p), accepting every proposal or a residual of max(0, q - p) fails
     the chi-square test in over 99.9% of 2,000 simulated runs for each sampler, and the right
     rule in 0.1-0.2% of them, as with 800 draws. (A token after k acceptances drawn from the
-    draft rather than the target, 0.02-0.09 from p, is below what either count sees reliably.)"""
+    draft rather than the target, 0.02-0.09 from p, is below what either count sees reliably.)
+
+    `PromptLookup` proposes a copy, a q with all its mass on one token: over six tokens, a
+    prompt of two and single-token suffixes, most rounds copy something."""
     target, draft = tiny_lm(1), tiny_lm(2)
-    prompt, steps, runs = [3], 3, 400
+    prompt, steps, runs = ([3, 3] if lookup else [3]), 3, 400
     p = exact_distribution(target, prompt, sampler, steps)
-    q = exact_distribution(draft, prompt, sampler, steps)
-    assert 0.5 * np.abs(p - q).sum() > 0.4  # the draft's own sampling would fail the test
+    if lookup:
+        draft = kzoo.models.PromptLookup(max_ngram_size=1, min_ngram_size=1)
+    else:
+        q = exact_distribution(draft, prompt, sampler, steps)
+        assert 0.5 * np.abs(p - q).sum() > 0.4  # the draft's own sampling would fail the test
     counts = np.zeros(p.shape)
     proposed = accepted = 0
     # One unseeded sampler, built after the test's fixed seed: each call draws new noise from its
@@ -179,11 +186,12 @@ def test_sampling_keeps_the_targets_distribution(sampler):
             sampler=sampler,
             jit_compile=False,
         )
-        counts[np.ravel_multi_index(ids[0][1:], (6,) * steps)] += 1
+        counts[np.ravel_multi_index(ids[0][len(prompt) :], (6,) * steps)] += 1
         proposed, accepted = proposed + stats.proposed, accepted + stats.accepted
     assert 0.1 < accepted / proposed < 0.9  # both the acceptance and the rejection ran
     assert chi_square_p_value(counts, p) > 1e-3
-    assert chi_square_p_value(counts, q) < 1e-6
+    if not lookup:
+        assert chi_square_p_value(counts, q) < 1e-6
 
 
 def chatml_tokenizer(eos_token="<|im_end|>"):
@@ -225,7 +233,9 @@ def test_chat_with_a_draft_replies_as_without():
 
 def test_bad_drafts_are_refused_naming_the_argument(target, draft):
     prompt = [[7, 3]]
-    with pytest.raises(ValueError, match=r"`draft_model` must be a kzoo CausalLM; received BertBackbone"):
+    with pytest.raises(
+        ValueError, match=r"`draft_model` must be a kzoo CausalLM or a PromptLookup; received BertBackbone"
+    ):
         target.generate(prompt, max_new_tokens=4, draft_model=kzoo.models.BertBackbone.from_preset("bert_tiny"))
     with pytest.raises(ValueError, match=r"`draft_model` must have the target's vocabulary_size \(256\); .* 6"):
         target.generate(prompt, max_new_tokens=4, draft_model=tiny_lm(0))
@@ -252,3 +262,60 @@ def test_tokenizers_must_match():
     ):
         lm.generate([[72]], max_new_tokens=2, draft_model=fewer)
     speculative.check_draft_model(lm, kzoo.models.CausalLM(backbone))  # a draft without a tokenizer: ids alone
+
+
+def test_prompt_lookup_gives_the_targets_own_greedy_output(target):
+    """Past its first tokens, the target's greedy output from [7] falls into runs of repeated
+    tokens, which copies predict (accepted); its first rounds copy what does not follow
+    (rejected) or find nothing (the target runs one position): its own tokens throughout."""
+    prompt, length = [7], 40
+    expected = target.generate([prompt], max_length=length, jit_compile=False)
+    lookup = kzoo.models.PromptLookup(min_ngram_size=1)
+    ids, stats = speculate(target, prompt, draft_model=lookup, max_length=length)
+    assert ids == expected
+    assert 0 < stats.accepted < stats.proposed  # both the acceptance and the rejection ran
+    assert stats.target_steps < length - len(prompt)  # rounds that committed more than one token
+    # A prompt read partly in rounds (a prefill of four): its tokens, as without a drafter.
+    expected = target.generate([SEVEN_TOKENS], max_length=LENGTH, jit_compile=False)
+    assert speculate(target, SEVEN_TOKENS, draft_model=lookup)[0] == expected
+
+
+def test_prompt_lookup_under_xla_gives_the_same_tokens(target):
+    expected = target.generate([SEVEN_TOKENS], max_length=LENGTH, jit_compile=False)  # the greedy tests' loop
+    assert target.generate([SEVEN_TOKENS], max_length=LENGTH, draft_model=kzoo.models.PromptLookup()) == expected
+
+
+def test_prompt_lookup_proposes_what_followed_the_suffix_first():
+    propose = kzoo.models.PromptLookup(max_ngram_size=3, min_ngram_size=2).propose
+    ids = np.array([[1, 2, 3, 4, 9, 1, 2, 0, 0, 0, 0]], "int32")
+    # n = 7: the suffix [9, 1, 2] is not seen before, [1, 2] is at 0-1: positions 7.. copy 3, 4, 9, 1, 2.
+    proposals, proposed = propose(ids, 7, np.arange(7, 11, dtype="int32"))
+    np.testing.assert_array_equal(proposals, [3, 4, 9, 1])
+    np.testing.assert_array_equal(proposed, [True] * 4)
+    # Positions before n are not asked; a copy past what is known (source >= n) is not proposed.
+    proposals, proposed = propose(ids, 7, np.arange(5, 13, dtype="int32"))
+    np.testing.assert_array_equal(proposed, [False, False, True, True, True, True, True, False])
+    np.testing.assert_array_equal(proposals[2:7], [3, 4, 9, 1, 2])
+    # The longest suffix wins over an earlier, shorter one: [4, 1, 2] at 3-5 beats [1, 2] at 0-1.
+    ids = np.array([[1, 2, 8, 4, 1, 2, 6, 4, 1, 2, 0, 0]], "int32")
+    proposals, proposed = propose(ids, 10, np.arange(10, 12, dtype="int32"))
+    np.testing.assert_array_equal(proposals, [6, 4])
+    # Nothing seen before (or only the one-token suffix, below min_ngram_size): nothing proposed.
+    ids = np.array([[1, 2, 3, 4, 5, 3, 0, 0]], "int32")
+    _, proposed = propose(ids, 6, np.arange(6, 8, dtype="int32"))
+    np.testing.assert_array_equal(proposed, [False, False])
+    proposals, proposed = kzoo.models.PromptLookup(min_ngram_size=1).propose(ids, 6, np.arange(6, 8, dtype="int32"))
+    np.testing.assert_array_equal(proposals, [4, 5])
+    np.testing.assert_array_equal(proposed, [True, True])
+
+
+def test_prompt_lookup_settings_are_checked():
+    for kwargs, message in (
+        ({"max_ngram_size": 0}, r"`max_ngram_size` must be an int in \[1, 16\]; received max_ngram_size=0"),
+        ({"max_ngram_size": 17}, r"`max_ngram_size` must be an int in \[1, 16\]"),
+        ({"max_ngram_size": 2.0}, r"`max_ngram_size` must be an int"),
+        ({"min_ngram_size": 4}, r"`min_ngram_size` must be an int in \[1, 3\]; received min_ngram_size=4"),
+        ({"min_ngram_size": True}, r"`min_ngram_size` must be an int in \[1, 3\]"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            kzoo.models.PromptLookup(**kwargs)

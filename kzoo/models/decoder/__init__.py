@@ -3,6 +3,7 @@ from kzoo.models.decoder.causal_lm import CausalLM
 from kzoo.models.decoder.decoder_backbone import DecoderBackbone
 from kzoo.models.decoder.decoder_presets import DECODER_PRESETS
 from kzoo.models.decoder.reply_logits import ReplyLogits
+from kzoo.models.decoder.speculative import PromptLookup
 from kzoo.models.presets import register_presets
 
 register_presets(DECODER_PRESETS)

@@ -175,8 +175,10 @@ class CausalLM(Task):
                 tokenizer) for speculative decoding (`kzoo.models.decoder.speculative`): it
                 proposes `draft_tokens` tokens, this model checks them in one step, and the
                 output is this model's own (greedy: token for token; sampled: in
-                distribution). One prompt at a time; not with beam search.
-            draft_tokens: with `draft_model`, None (4) or an int in [1, 64], the tokens
+                distribution). Or `kzoo.models.PromptLookup()`: the proposals are copied from
+                earlier in the sequence (for replies that repeat their prompt, such as code
+                edits), with no second model. One prompt at a time; not with beam search.
+            draft_tokens: with `draft_model`, None (4) or an int in [1, 64], the most tokens
                 proposed per step (clamped to the new tokens asked).
 
         Returns:

@@ -1,10 +1,13 @@
-"""Speculative decoding: a small draft model proposes tokens, the target model checks them in one pass.
+"""Speculative decoding: a drafter proposes tokens, the target model checks them in one pass.
 
-Each round the draft model proposes `k` tokens, one at a time with its own KV cache; the
-target model then runs the last committed token and the `k` proposals through one `decode`
-call (k + 1 positions), which gives its own prediction at each of them. The longest prefix
-of proposals the target accepts is kept, followed by one token of the target's own: a round
-costs one target step and yields between 1 and k + 1 tokens.
+Each round the drafter proposes up to `k` tokens: a small draft model one at a time with its
+own KV cache, or `PromptLookup` by copying what followed the last few tokens where they
+stood earlier in the sequence (prompt-lookup decoding: no second model, and nothing to pay
+for a proposal). The target model then runs the last committed token and the proposals
+through one `decode` call (k + 1 positions), which gives its own prediction at each of them.
+The longest prefix of proposals the target accepts is kept, followed by one token of the
+target's own: a round costs one target step and yields between 1 and k + 1 tokens. A round
+in which `PromptLookup` finds nothing to copy runs the target on one position instead.
 
 - Greedy: a proposal is accepted when it is the target's argmax, and the target's argmax
   follows the accepted prefix, so the output is the target's own greedy output.
@@ -13,7 +16,8 @@ costs one target step and yields between 1 and k + 1 tokens.
   x ~ q is accepted with probability min(1, p(x) / q(x)); at the first rejection the next
   token is drawn from normalize(max(0, p - q)), after k acceptances from p. Every token is
   then distributed exactly as the target's own sampling would draw it (Leviathan et al.;
-  Chen et al., 2023).
+  Chen et al., 2023). A copied proposal is a q that puts all its mass on it: accepted with
+  probability p(x), else the next token is drawn from p without x.
 
 The whole generation is one compiled `while_loop`, both caches inside it. The caches are
 indexed by position and a causal query at position t attends to slots <= t only, so slots
@@ -44,6 +48,8 @@ MAX_DRAFT_TOKENS = 64
 
 # target -> draft -> (length, prefill, draft tokens, sampler, jit_compile) -> compiled loop.
 _COMPILED = weakref.WeakKeyDictionary()
+# target -> (PromptLookup, length, prefill, draft tokens, sampler, jit_compile) -> compiled loop.
+_COMPILED_LOOKUP = weakref.WeakKeyDictionary()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +74,86 @@ class SpeculativeStats:
         return self.accepted / self.proposed if self.proposed else 0.0
 
 
+# The n-gram sizes `PromptLookup` may look up: a longer suffix is hardly ever seen again.
+MAX_NGRAM_SIZE = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptLookup:
+    """Drafts by copying: the tokens that followed the sequence's last n tokens where they stood before.
+
+    Pass it as `draft_model` to speculative decoding when the output repeats its input: code
+    edited or explained, a document summarized or quoted, a form filled. Each round looks up
+    the last `max_ngram_size` tokens earlier in the sequence (prompt and generated tokens), then
+    shorter suffixes down to `min_ngram_size`, and proposes what followed their first
+    occurrence, as far as it is known. Nothing is run to propose, so a round costs one target
+    step; where nothing matches, the target runs one position, as `generate` alone does. The
+    output is the target's own, as with a draft model.
+
+    Args:
+        max_ngram_size: int in [1, 16], the longest suffix looked up.
+        min_ngram_size: int in [1, max_ngram_size], the shortest: a single token matches often
+            and predicts little.
+
+    Example:
+    >>> lm = kzoo.models.CausalLM.from_preset("llama_tiny")
+    >>> prompt = [[5, 6, 7, 8, 9, 10, 5, 6]]
+    >>> ids = lm.generate(prompt, max_new_tokens=8, draft_model=PromptLookup())
+    >>> ids == lm.generate(prompt, max_new_tokens=8)  # the model's own greedy output
+    True
+
+    References:
+        Saxena, "Prompt Lookup Decoding", 2023 (https://github.com/apoorvumang/prompt-lookup-decoding);
+        transformers' `prompt_lookup_num_tokens`.
+    """
+
+    max_ngram_size: int = 3
+    min_ngram_size: int = 2
+
+    def __post_init__(self):
+        for name, low, high in (
+            ("max_ngram_size", 1, MAX_NGRAM_SIZE),
+            ("min_ngram_size", 1, self.max_ngram_size if _is_int(self.max_ngram_size) else MAX_NGRAM_SIZE),
+        ):
+            value = getattr(self, name)
+            if not _is_int(value) or not low <= value <= high:
+                raise ValueError(f"`{name}` must be an int in [{low}, {high}]; received {name}={value!r}.")
+
+    def propose(self, token_ids, n, positions):
+        """The copied proposals for `positions` and which of them are known.
+
+        Args:
+            token_ids: int `(1, L)`, the sequence; positions `< n` are committed.
+            n: scalar int, the committed length (>= 1).
+            positions: int `(k,)`, the positions to propose tokens for (those `>= n` are asked).
+
+        Returns:
+            `(proposals (k,) int32, proposed (k,) bool)`: the token each position gets from the
+            first earlier occurrence of the longest suffix found, and whether it got one.
+        """
+        ids = token_ids[0]
+        size = ids.shape[0]
+        index = ops.arange(size, dtype="int32")
+        found = ops.convert_to_tensor(False)
+        end = ops.zeros((), "int32")  # where the occurrence found ends
+        for g in range(self.max_ngram_size, self.min_ngram_size - 1, -1):  # the longest suffix first
+            match = ops.logical_and(index >= g - 1, index <= n - 2)  # an earlier occurrence, a token after it
+            for i in range(g):
+                earlier = ops.concatenate([ops.zeros((i,), ids.dtype), ids[: size - i]])  # earlier[j] = ids[j - i]
+                match = ops.logical_and(match, ops.equal(earlier, ops.take(ids, ops.maximum(n - 1 - i, 0))))
+            first = ops.cast(ops.argmax(ops.cast(match, "int32")), "int32")
+            end = ops.where(found, end, first)
+            found = ops.logical_or(found, ops.any(match))
+        source = end + 1 + positions - n  # the token copied for each position
+        proposed = ops.logical_and(ops.logical_and(found, positions >= n), source < n)
+        proposals = ops.take(ids, ops.clip(source, 0, size - 1))
+        return ops.cast(proposals, "int32"), proposed
+
+
+def _is_int(value):
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def generate(
     target,
     prompts,
@@ -87,8 +173,8 @@ def generate(
         prompts: one prompt: a list holding one token-id list, a `(1, T)` int array or a
             dict `{"token_ids", "padding_mask"}` of one row.
         draft_model: a `kzoo.models.CausalLM` with the target's vocabulary (and tokenizer,
-            where both have one) and a context as long as `max_length`.
-        draft_tokens: None (`DEFAULT_DRAFT_TOKENS`, 4) or an int in [1, 64]: the tokens
+            where both have one) and a context as long as `max_length`, or a `PromptLookup`.
+        draft_tokens: None (`DEFAULT_DRAFT_TOKENS`, 4) or an int in [1, 64]: the most tokens
             proposed per round, clamped to the new tokens asked.
         max_length, max_new_tokens, stop_token_ids, jit_compile: as in `CausalLM.generate`.
         sampler: "greedy", "random", "top_k", "top_p" or such a `kzoo.samplers.Sampler`
@@ -125,19 +211,25 @@ def generate(
             f"`draft_model` supports batch size 1 only (each row would accept a count of its own); "
             f"received {batch} prompts. Generate them one at a time."
         )
-    draft_limit = draft_model.backbone.max_sequence_length
-    if draft_limit < length:
+    lookup = isinstance(draft_model, PromptLookup)
+    draft_limit = None if lookup else draft_model.backbone.max_sequence_length
+    if draft_limit is not None and draft_limit < length:
         raise ValueError(
             f"`draft_model` has a maximum sequence length of {draft_limit}, shorter than the {length} "
             "positions asked: give a shorter `max_length` / `max_new_tokens` or a draft with a longer context."
         )
     k = min(draft_tokens, length - int(prompt_mask.sum()))
     prefill = generation.prefill_length(prompt_mask)
-    functions = _COMPILED.setdefault(target, weakref.WeakKeyDictionary()).setdefault(draft_model, {})
     key = (length, prefill, k, generation.sampler_key(sampler), jit_compile)
+    if lookup:  # settings, not a model: equal lookups share a loop
+        functions = _COMPILED_LOOKUP.setdefault(target, {})
+        key = (draft_model, *key)
+    else:
+        functions = _COMPILED.setdefault(target, weakref.WeakKeyDictionary()).setdefault(draft_model, {})
     if key not in functions:
-        # Weak references, as in `generation.generate`: the cache's keys are the two models.
-        target_ref, draft_ref = weakref.ref(target), weakref.ref(draft_model)
+        # Weak references, as in `generation.generate`: the cache's keys are the models.
+        target_ref = weakref.ref(target)
+        draft_ref = (lambda: draft_model) if lookup else weakref.ref(draft_model)
 
         def run(token_ids, prompt_mask, stop_token_ids, noise):
             return speculative_loop(
@@ -168,7 +260,8 @@ def speculative_loop(target, draft, sampler, token_ids, prompt_mask, prefill, dr
     the known token, always accepted, which is also how the rest of the prompt is read.
 
     Args:
-        target, draft: `CausalLM`s.
+        target: a `CausalLM`.
+        draft: a `CausalLM`, or a `PromptLookup` (no state, nothing run to propose).
         sampler: a `kzoo.samplers.Sampler`, greedy or one that samples.
         token_ids: int `(1, L + 1)`, the prompt right-padded to L positions and one more.
         prompt_mask: bool `(1, L + 1)`, True on prompt tokens.
@@ -184,8 +277,9 @@ def speculative_loop(target, draft, sampler, token_ids, prompt_mask, prefill, dr
     k = draft_tokens
     length = token_ids.shape[1] - 1
     greedy = isinstance(sampler, samplers_lib.GreedySampler)
+    lookup = isinstance(draft, PromptLookup)
     _, target_state = target.prefill(token_ids[:, :prefill], length, last_only=True)
-    _, draft_state = draft.prefill(token_ids[:, :prefill], length, last_only=True)
+    draft_state = () if lookup else draft.prefill(token_ids[:, :prefill], length, last_only=True)[1]
     offsets = ops.arange(k + 1, dtype="int32")
     vocabulary_size = target.backbone.vocabulary_size
 
@@ -200,38 +294,35 @@ def speculative_loop(target, draft, sampler, token_ids, prompt_mask, prefill, dr
         forced = ops.logical_or(positions < n, in_prompt)
         u = noise[n]  # (2k + 1,)
 
-        def propose(j, logits, proposals, q):
-            """Puts the proposal for window slot `j` from the draft's logits `(V,)`."""
-            if greedy:
-                token = ops.cast(ops.argmax(logits), "int32")
-            else:
-                probabilities = distribution(sampler, logits[None])[0]
-                token = draw(probabilities, u[j])
-                q = ops.slice_update(q, (j, 0), probabilities[None])
-            token = ops.where(ops.take(forced, j), ops.take(window, j), token)
-            return ops.slice_update(proposals, (j,), ops.reshape(token, (1,))), q
-
-        # The draft: two positions first ([s - 1, s], writing s - 1 again: the last round may
-        # have accepted a token it never ran), then one per proposal.
-        start = ops.maximum(s - 1, 0)
-        logits, draft_state = draft.decode(ops.slice(token_ids, (0, start), (1, 2)), draft_state, start)
-        proposals = ops.zeros((k,), "int32")
-        q = ops.zeros((k, 1 if greedy else vocabulary_size), "float32")
-        proposals, q = propose(0, ops.take(logits[0], s - start, axis=0), proposals, q)
-
-        def draft_step(j, carry):
-            proposals, q, draft_state = carry
-            token = ops.reshape(ops.take(proposals, j - 1), (1, 1))
-            logits, draft_state = draft.decode(token, draft_state, s + j)
-            proposals, q = propose(j, logits[0, -1], proposals, q)
-            return proposals, q, draft_state
-
-        proposals, q, draft_state = ops.fori_loop(1, k, draft_step, (proposals, q, draft_state))
+        if lookup:
+            proposals, proposed = draft.propose(token_ids, n, positions[:k])
+            proposed = ops.logical_and(proposed, ops.logical_not(forced[:k]))
+            proposals = ops.where(forced[:k], window[:k], proposals)
+            # All of q's mass on the copied token (none where nothing was copied).
+            q = None if greedy else ops.one_hot(proposals, vocabulary_size) * ops.cast(proposed, "float32")[:, None]
+        else:
+            proposals, q, draft_state = _draft_model_proposals(
+                draft, sampler, token_ids, s, k, window, forced, u, draft_state
+            )
+            proposed = ops.logical_not(forced[:k])
 
         # The target: its predictions for the k + 1 positions after s in one step.
         chunk = ops.concatenate([ops.slice(token_ids, (0, s), (1, 1)), proposals[None]], axis=1)
-        logits, target_state = target.decode(chunk, target_state, s)
-        logits = logits[0]  # (k + 1, V)
+
+        def check_window():
+            logits, state = target.decode(chunk, target_state, s)
+            return logits[0], state
+
+        if lookup:  # nothing copied and nothing known to read: the one position `generate` would run
+
+            def next_only():
+                logits, state = target.decode(chunk[:, :1], target_state, s)
+                return ops.pad(logits[0], [(0, k), (0, 0)]), state
+
+            reads = ops.logical_or(ops.any(proposed), ops.any(forced))
+            logits, target_state = ops.cond(reads, check_window, next_only)  # (k + 1, V)
+        else:
+            logits, target_state = check_window()
         if greedy:
             choices = ops.cast(ops.argmax(logits, axis=-1), "int32")
             agrees = ops.equal(proposals, choices[:k])
@@ -240,6 +331,7 @@ def speculative_loop(target, draft, sampler, token_ids, prompt_mask, prefill, dr
             p_proposed = ops.take_along_axis(p[:k], proposals[:, None], axis=1)[:, 0]
             q_proposed = ops.take_along_axis(q, proposals[:, None], axis=1)[:, 0]
             agrees = u[k : 2 * k] * q_proposed < p_proposed
+        agrees = ops.logical_and(agrees, proposed)
         accepted = ops.cast(ops.cumprod(ops.cast(ops.logical_or(forced[:k], agrees), "int32")), "bool")
         count = ops.sum(ops.cast(accepted, "int32"))  # a: proposals accepted, 0..k
         if greedy:
@@ -266,11 +358,10 @@ def speculative_loop(target, draft, sampler, token_ids, prompt_mask, prefill, dr
         old = ops.slice(generated, (0, s + 1), (1, k + 1))
         generated = ops.slice_update(generated, (0, s + 1), ops.logical_or(old, new[None]))
 
-        drafted = ops.logical_not(forced[:k])
         counts = counts + ops.stack(
             [
-                ops.sum(ops.cast(drafted, "int32")),
-                ops.sum(ops.cast(ops.logical_and(drafted, accepted), "int32")),
+                ops.sum(ops.cast(proposed, "int32")),
+                ops.sum(ops.cast(ops.logical_and(proposed, accepted), "int32")),
                 ops.convert_to_tensor(1, "int32"),
             ]
         )
@@ -283,6 +374,41 @@ def speculative_loop(target, draft, sampler, token_ids, prompt_mask, prefill, dr
     state = (token_ids, generated, n, done, target_state, draft_state, counts)
     token_ids, generated, _, _, _, _, counts = ops.while_loop(cond, body, state)
     return token_ids, generated, counts
+
+
+def _draft_model_proposals(draft, sampler, token_ids, s, k, window, forced, u, draft_state):
+    """The draft model's `k` proposals for positions `[s + 1, s + k]` (the known token where
+    `forced`), the distributions `q` they were drawn from (`(k, 1)` for greedy), and its state."""
+    greedy = isinstance(sampler, samplers_lib.GreedySampler)
+    vocabulary_size = draft.backbone.vocabulary_size
+
+    def propose(j, logits, proposals, q):
+        """Puts the proposal for window slot `j` from the draft's logits `(V,)`."""
+        if greedy:
+            token = ops.cast(ops.argmax(logits), "int32")
+        else:
+            probabilities = distribution(sampler, logits[None])[0]
+            token = draw(probabilities, u[j])
+            q = ops.slice_update(q, (j, 0), probabilities[None])
+        token = ops.where(ops.take(forced, j), ops.take(window, j), token)
+        return ops.slice_update(proposals, (j,), ops.reshape(token, (1,))), q
+
+    # Two positions first ([s - 1, s], writing s - 1 again: the last round may have accepted a
+    # token it never ran), then one per proposal.
+    start = ops.maximum(s - 1, 0)
+    logits, draft_state = draft.decode(ops.slice(token_ids, (0, start), (1, 2)), draft_state, start)
+    proposals = ops.zeros((k,), "int32")
+    q = ops.zeros((k, 1 if greedy else vocabulary_size), "float32")
+    proposals, q = propose(0, ops.take(logits[0], s - start, axis=0), proposals, q)
+
+    def draft_step(j, carry):
+        proposals, q, draft_state = carry
+        token = ops.reshape(ops.take(proposals, j - 1), (1, 1))
+        logits, draft_state = draft.decode(token, draft_state, s + j)
+        proposals, q = propose(j, logits[0, -1], proposals, q)
+        return proposals, q, draft_state
+
+    return ops.fori_loop(1, k, draft_step, (proposals, q, draft_state))
 
 
 def distribution(sampler, logits):
@@ -299,12 +425,17 @@ def draw(probabilities, noise):
 
 
 def check_draft_model(target, draft_model):
-    """Raises `ValueError` unless `draft_model` is a `CausalLM` that speaks the target's vocabulary:
-    the same `vocabulary_size`, and where both carry a tokenizer, the same tokens and special ids."""
+    """Raises `ValueError` unless `draft_model` is a `PromptLookup` or a `CausalLM` that speaks the
+    target's vocabulary: the same `vocabulary_size`, and where both carry a tokenizer, the same
+    tokens and special ids."""
     from kzoo.models.decoder.causal_lm import CausalLM
 
+    if isinstance(draft_model, PromptLookup):
+        return
     if not isinstance(draft_model, CausalLM):
-        raise ValueError(f"`draft_model` must be a kzoo CausalLM; received {type(draft_model).__name__}.")
+        raise ValueError(
+            f"`draft_model` must be a kzoo CausalLM or a PromptLookup; received {type(draft_model).__name__}."
+        )
     size, draft_size = target.backbone.vocabulary_size, draft_model.backbone.vocabulary_size
     if size != draft_size:
         raise ValueError(
