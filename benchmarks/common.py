@@ -80,6 +80,46 @@ def environment():
     return record
 
 
+def greedy_runs(calls, prompts, rounds):
+    """Times `calls` on every prompt, each checked against the model's own greedy output.
+
+    Args:
+        calls: `{name: f(prompt) -> (tokens, SpeculativeStats or None)}`, one of them "alone"
+            (plain `generate`), the others drafting (`kzoo.models.decoder.speculative.generate`).
+        prompts: token-id lists; each call runs once on each to compile, then `rounds` times,
+            the calls alternating.
+        rounds: int.
+
+    Returns:
+        `(seconds, accepted, proposed, outputs)`: per call name its total seconds and its drafts'
+        accepted and proposed tokens, and `outputs[(name, tuple(prompt))]` the first tokens.
+
+    Raises:
+        AssertionError: a drafting call's output is not the "alone" call's.
+    """
+    import time
+
+    seconds, accepted, proposed = dict.fromkeys(calls, 0.0), dict.fromkeys(calls, 0), dict.fromkeys(calls, 0)
+    outputs = {}
+    for prompt in prompts:
+        for call in calls.values():
+            call(prompt)  # compiles
+        for _ in range(rounds):
+            for name, call in calls.items():
+                start = time.perf_counter()
+                tokens, stats = call(prompt)
+                seconds[name] += time.perf_counter() - start
+                outputs.setdefault((name, tuple(prompt)), tokens)
+                if stats is not None:
+                    accepted[name] += stats.accepted
+                    proposed[name] += stats.proposed
+    for name in calls:
+        for prompt in prompts:
+            if outputs[(name, tuple(prompt))] != outputs[("alone", tuple(prompt))]:
+                raise AssertionError(f"call {name!r}: its output is not the model's own greedy output")
+    return seconds, accepted, proposed, outputs
+
+
 def in_fresh_process(function, *args):
     """`function(*args)` run in a fresh Python process (its memory is given back when it ends);
     `args` and the result pass through JSON."""

@@ -25,6 +25,7 @@ alternate after a warm-up call each (compilation), and each speed is the new tok
 import argparse
 import sys
 
+from benchmarks.common import greedy_runs
 from benchmarks.common import in_fresh_process
 from benchmarks.common import report
 from benchmarks.common import wait_for_quiet
@@ -62,8 +63,6 @@ def kzoo_runs(model_path, prompts, new_tokens, draft_lengths, rounds):
     """kzoo's record per kind of prompt: the prompts' ids, `generate`'s speed alone, and each draft
     length's speed, speed-up and acceptance rate. Raises AssertionError if a prompt-lookup output
     is not the model's own greedy output."""
-    import time
-
     import kzoo
     from kzoo.models.decoder import speculative
 
@@ -78,24 +77,7 @@ def kzoo_runs(model_path, prompts, new_tokens, draft_lengths, rounds):
             calls[k] = lambda prompt, k=k: speculative.generate(
                 lm, [prompt], draft_model=lookup, draft_tokens=k, max_new_tokens=new_tokens
             )
-        seconds = {name: 0.0 for name in calls}
-        accepted, proposed, outputs = dict.fromkeys(draft_lengths, 0), dict.fromkeys(draft_lengths, 0), {}
-        for prompt in ids:
-            for call in calls.values():
-                call(prompt)  # compiles
-            for _ in range(rounds):
-                for name, call in calls.items():
-                    start = time.perf_counter()
-                    tokens, stats = call(prompt)
-                    seconds[name] += time.perf_counter() - start
-                    outputs.setdefault((name, tuple(prompt)), tokens)
-                    if stats is not None:
-                        accepted[name] += stats.accepted
-                        proposed[name] += stats.proposed
-        for k in draft_lengths:
-            for prompt in ids:
-                if outputs[(k, tuple(prompt))] != outputs[("alone", tuple(prompt))]:
-                    raise AssertionError(f"{kind}, draft_tokens={k}: the output is not the model's greedy output")
+        seconds, accepted, proposed, outputs = greedy_runs(calls, ids, rounds)
         made = new_tokens * len(ids) * rounds
         alone = made / seconds["alone"]
         record[kind] = {

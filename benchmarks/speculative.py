@@ -23,6 +23,7 @@ each (compilation), and each speed is the new tokens of `--rounds` rounds over t
 import argparse
 import sys
 
+from benchmarks.common import greedy_runs
 from benchmarks.common import in_fresh_process
 from benchmarks.common import report
 from benchmarks.common import wait_for_quiet
@@ -39,7 +40,6 @@ def kzoo_runs(target_path, draft_path, prompts, new_tokens, draft_lengths, round
     """kzoo's record: the prompts' ids, the target's speed alone, each draft length's speed, speed-up
     and acceptance rate (`speculative`), the step costs (`step_ms`), and the greedy outputs and
     replies. Raises AssertionError if a speculative output is not the target's own."""
-    import time
 
     import kzoo
     from kzoo.models.decoder import speculative
@@ -53,28 +53,11 @@ def kzoo_runs(target_path, draft_path, prompts, new_tokens, draft_lengths, round
         calls[k] = lambda prompt, k=k: speculative.generate(
             target, [prompt], draft_model=draft, draft_tokens=k, max_new_tokens=new_tokens
         )
-    seconds = {name: [] for name in calls}
-    outputs, accepted, proposed = {}, {k: 0 for k in draft_lengths}, {k: 0 for k in draft_lengths}
-    for prompt in ids:
-        for call in calls.values():
-            call(prompt)  # compiles
-        for _ in range(rounds):
-            for name, call in calls.items():
-                start = time.perf_counter()
-                tokens, stats = call(prompt)
-                seconds[name].append(time.perf_counter() - start)
-                outputs.setdefault((name, tuple(prompt)), tokens)
-                if stats is not None:
-                    accepted[name] += stats.accepted
-                    proposed[name] += stats.proposed
-    for k in draft_lengths:
-        for prompt in ids:
-            if outputs[(k, tuple(prompt))] != outputs[("alone", tuple(prompt))]:
-                raise AssertionError(f"draft_tokens={k}: the speculative output is not the target's greedy output")
-    alone = new_tokens * len(ids) * rounds / sum(seconds["alone"])
+    seconds, accepted, proposed, outputs = greedy_runs(calls, ids, rounds)
+    alone = new_tokens * len(ids) * rounds / seconds["alone"]
     record = {"prompt_ids": ids, "alone_tokens_per_second": alone, "speculative": {}}
     for k in draft_lengths:
-        speed = new_tokens * len(ids) * rounds / sum(seconds[k])
+        speed = new_tokens * len(ids) * rounds / seconds[k]
         record["speculative"][str(k)] = {
             "tokens_per_second": speed,
             "speedup": speed / alone,

@@ -304,6 +304,9 @@ README_CHECKS = {
         'lm.chat([{"role": "user", "content": "What is the capital of France? Answer in one sentence."}])'
         "  # 'The capital of France is Paris.'"
     ): (lambda value: value == "The capital of France is Paris." or pytest.fail(repr(value))),
+    "lm.chat(edit, draft_model=kzoo.models.PromptLookup()) == lm.chat(edit)  # True": (
+        lambda value: value is True or pytest.fail(repr(value))
+    ),
     "tuple(block(keras.random.normal((2, 16, 512))).shape)  # (2, 16, 512)": (
         lambda value: value == (2, 16, 512) or pytest.fail(repr(value))
     ),
