@@ -17,6 +17,20 @@ def check_positive_int(name, value):
     return int(value)
 
 
+def check_int(name, value, low, high):
+    """`value` as an int in [low, high] (a Python or NumPy integer, not a bool).
+
+    Example:
+    >>> check_int("draft_tokens", 65, 1, 64)
+    Traceback (most recent call last):
+    ...
+    ValueError: `draft_tokens` must be an int in [1, 64]; received draft_tokens=65.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not low <= value <= high:
+        raise ValueError(f"`{name}` must be an int in [{low}, {high}]; received {name}={value!r}.")
+    return int(value)
+
+
 def check_number(name, value, low=-math.inf, high=math.inf, *, low_open=True, high_open=True):
     """`value` as a float: a real number (not a bool, not a string), finite, in the interval
     from `low` to `high`, each end open or closed.

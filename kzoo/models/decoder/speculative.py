@@ -31,7 +31,6 @@ References:
 """
 
 import dataclasses
-import numbers
 import weakref
 
 import numpy as np
@@ -39,6 +38,7 @@ from keras import ops
 
 from kzoo import samplers as samplers_lib
 from kzoo.models import generation
+from kzoo.validation import check_int
 
 # The draft length when none is given: a round of k proposals costs k draft steps and one
 # target step, and yields k + 1 tokens at best.
@@ -111,13 +111,8 @@ class PromptLookup:
     min_ngram_size: int = 2
 
     def __post_init__(self):
-        for name, low, high in (
-            ("max_ngram_size", 1, MAX_NGRAM_SIZE),
-            ("min_ngram_size", 1, self.max_ngram_size if _is_int(self.max_ngram_size) else MAX_NGRAM_SIZE),
-        ):
-            value = getattr(self, name)
-            if not _is_int(value) or not low <= value <= high:
-                raise ValueError(f"`{name}` must be an int in [{low}, {high}]; received {name}={value!r}.")
+        check_int("max_ngram_size", self.max_ngram_size, 1, MAX_NGRAM_SIZE)
+        check_int("min_ngram_size", self.min_ngram_size, 1, self.max_ngram_size)
 
     def propose(self, token_ids, n, positions):
         """The copied proposals for `positions` and which of them are known.
@@ -148,10 +143,6 @@ class PromptLookup:
         proposed = ops.logical_and(ops.logical_and(found, positions >= n), source < n)
         proposals = ops.take(ids, ops.clip(source, 0, size - 1))
         return ops.cast(proposals, "int32"), proposed
-
-
-def _is_int(value):
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def generate(
@@ -477,13 +468,7 @@ def check_draft_tokens(draft_tokens):
     """`draft_tokens` as an int in [1, MAX_DRAFT_TOKENS] (None: `DEFAULT_DRAFT_TOKENS`)."""
     if draft_tokens is None:
         return DEFAULT_DRAFT_TOKENS
-    if (
-        isinstance(draft_tokens, bool)
-        or not isinstance(draft_tokens, numbers.Integral)
-        or not 1 <= draft_tokens <= MAX_DRAFT_TOKENS
-    ):
-        raise ValueError(f"`draft_tokens` must be an int in [1, {MAX_DRAFT_TOKENS}]; received {draft_tokens!r}.")
-    return int(draft_tokens)
+    return check_int("draft_tokens", draft_tokens, 1, MAX_DRAFT_TOKENS)
 
 
 def _isin(tokens, stop_token_ids):
