@@ -77,7 +77,9 @@ def kzoo_runs(model_path, prompts, new_tokens, draft_lengths, rounds):
             calls[k] = lambda prompt, k=k: speculative.generate(
                 lm, [prompt], draft_model=lookup, draft_tokens=k, max_new_tokens=new_tokens
             )
-        seconds, accepted, proposed, outputs = greedy_runs(calls, ids, rounds)
+        seconds, accepted, proposed, outputs, differ = greedy_runs(calls, ids, rounds)
+        if differ:
+            raise AssertionError(f"{kind}, draft_tokens={differ}: the output is not the model's own greedy output")
         made = new_tokens * len(ids) * rounds
         alone = made / seconds["alone"]
         record[kind] = {
@@ -98,8 +100,6 @@ def kzoo_runs(model_path, prompts, new_tokens, draft_lengths, rounds):
 
 def transformers_runs(model_path, ids_by_kind, new_tokens, rounds):
     """transformers' speeds on the same prompt ids, alone and with its prompt lookup."""
-    import time
-
     import torch
     import transformers
 
@@ -108,29 +108,21 @@ def transformers_runs(model_path, ids_by_kind, new_tokens, rounds):
     model.generation_config.eos_token_id = None  # every run makes `new_tokens`, as kzoo's do
     options = dict(do_sample=False, max_new_tokens=new_tokens, pad_token_id=0)
     calls = {"alone": {}, "prompt_lookup": {"prompt_lookup_num_tokens": TRANSFORMERS_LOOKUP_TOKENS}}
+    calls = {
+        call: lambda prompt, extra=extra: (model.generate(torch.tensor([prompt]), **options, **extra)[0].tolist(), None)
+        for call, extra in calls.items()
+    }
     record = {}
     with torch.inference_mode():
         for kind, ids in ids_by_kind.items():
-            seconds, outputs = dict.fromkeys(calls, 0.0), {}
-            for prompt in ids:
-                tensor = torch.tensor([prompt])
-                for extra in calls.values():
-                    model.generate(tensor, **options, **extra)
-                for _ in range(rounds):
-                    for call, extra in calls.items():
-                        start = time.perf_counter()
-                        tokens = model.generate(tensor, **options, **extra)[0].tolist()
-                        seconds[call] += time.perf_counter() - start
-                        outputs.setdefault((call, tuple(prompt)), tokens)
+            seconds, _, _, outputs, differ = greedy_runs(calls, ids, rounds)
             made = new_tokens * len(ids) * rounds
             record[kind] = {
                 "alone_tokens_per_second": made / seconds["alone"],
                 "prompt_lookup_tokens_per_second": made / seconds["prompt_lookup"],
                 "prompt_lookup_speedup": seconds["alone"] / seconds["prompt_lookup"],
                 "outputs": [outputs[("alone", tuple(p))] for p in ids],
-                "prompt_lookup_same_tokens": all(
-                    outputs[("prompt_lookup", tuple(p))] == outputs[("alone", tuple(p))] for p in ids
-                ),
+                "prompt_lookup_same_tokens": not differ,
             }
     return record
 

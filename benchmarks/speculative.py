@@ -53,7 +53,9 @@ def kzoo_runs(target_path, draft_path, prompts, new_tokens, draft_lengths, round
         calls[k] = lambda prompt, k=k: speculative.generate(
             target, [prompt], draft_model=draft, draft_tokens=k, max_new_tokens=new_tokens
         )
-    seconds, accepted, proposed, outputs = greedy_runs(calls, ids, rounds)
+    seconds, accepted, proposed, outputs, differ = greedy_runs(calls, ids, rounds)
+    if differ:
+        raise AssertionError(f"draft_tokens={differ}: the speculative output is not the target's greedy output")
     alone = new_tokens * len(ids) * rounds / seconds["alone"]
     record = {"prompt_ids": ids, "alone_tokens_per_second": alone, "speculative": {}}
     for k in draft_lengths:
@@ -89,8 +91,6 @@ def step_times(target, draft, tokens, repeats=5):
 
 def transformers_runs(target_path, draft_path, ids, new_tokens, rounds):
     """transformers' speeds on the same prompt ids, alone and with `assistant_model=`."""
-    import time
-
     import torch
     import transformers
 
@@ -104,25 +104,22 @@ def transformers_runs(target_path, draft_path, ids, new_tokens, rounds):
         model.generation_config.eos_token_id = None
     options = dict(do_sample=False, max_new_tokens=new_tokens, pad_token_id=0)
     calls = {"alone": {}, "assisted": {"assistant_model": draft}}
-    seconds, outputs = {name: [] for name in calls}, {}
+    calls = {
+        name: lambda prompt, extra=extra: (
+            target.generate(torch.tensor([prompt]), **options, **extra)[0].tolist(),
+            None,
+        )
+        for name, extra in calls.items()
+    }
     with torch.inference_mode():
-        for prompt in ids:
-            tensor = torch.tensor([prompt])
-            for extra in calls.values():
-                target.generate(tensor, **options, **extra)
-            for _ in range(rounds):
-                for name, extra in calls.items():
-                    start = time.perf_counter()
-                    tokens = target.generate(tensor, **options, **extra)[0].tolist()
-                    seconds[name].append(time.perf_counter() - start)
-                    outputs.setdefault((name, tuple(prompt)), tokens)
-    speeds = {name: new_tokens * len(ids) * rounds / sum(values) for name, values in seconds.items()}
+        seconds, _, _, outputs, differ = greedy_runs(calls, ids, rounds)
+    speeds = {name: new_tokens * len(ids) * rounds / value for name, value in seconds.items()}
     return {
         "alone_tokens_per_second": speeds["alone"],
         "assisted_tokens_per_second": speeds["assisted"],
         "assisted_speedup": speeds["assisted"] / speeds["alone"],
         "outputs": [outputs[("alone", tuple(p))] for p in ids],
-        "assisted_same_tokens": all(outputs[("assisted", tuple(p))] == outputs[("alone", tuple(p))] for p in ids),
+        "assisted_same_tokens": not differ,
     }
 
 
