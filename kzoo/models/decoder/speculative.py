@@ -304,7 +304,7 @@ def speculative_loop(target, draft, sampler, token_ids, prompt_mask, prefill, dr
             logits, state = target.decode(chunk, target_state, s)
             return logits[0], state
 
-        if lookup:  # nothing copied and nothing known to read: the one position `generate` would run
+        if lookup:  # a round that copies nothing and reads no known token runs the one position `generate` would
 
             def next_only():
                 logits, state = target.decode(chunk[:, :1], target_state, s)
