@@ -19,16 +19,18 @@ def weight_handles(model):
     return [weakref.ref(variable.value.handle) for variable in model.weights]
 
 
-@pytest.mark.parametrize("draft", [False, True], ids=["generate", "speculative"])
+@pytest.mark.parametrize("draft", [None, "model", "lookup"], ids=["generate", "speculative", "prompt_lookup"])
 def test_a_dropped_model_frees_its_weights_after_generating(draft):
     keras.utils.set_random_seed(0)
     target = kzoo.models.CausalLM(kzoo.models.DecoderBackbone.from_preset("llama_tiny", num_layers=1))  # SiLU
     handles = weight_handles(target)
-    if draft:
+    if draft == "model":
         drafter = kzoo.models.CausalLM(kzoo.models.DecoderBackbone.from_preset("llama_tiny", num_layers=1))
         handles += weight_handles(drafter)
         speculative.generate(target, [[7, 3]], draft_model=drafter, max_length=8, jit_compile=False)
         del drafter
+    elif draft == "lookup":  # its loops are kept per target, beside the lookup's settings
+        speculative.generate(target, [[7, 3]], draft_model=kzoo.models.PromptLookup(), max_length=8, jit_compile=False)
     else:
         target.generate([[7, 3]], max_length=8, jit_compile=False)
     models = weakref.ref(target)
