@@ -95,8 +95,6 @@ def greedy_runs(calls, prompts, rounds):
         drafts' accepted and proposed tokens, `outputs[(name, tuple(prompt))]` the first tokens,
         and the names whose tokens are not the "alone" call's on some prompt.
     """
-    import time
-
     seconds, accepted, proposed = dict.fromkeys(calls, 0.0), dict.fromkeys(calls, 0), dict.fromkeys(calls, 0)
     outputs = {}
     for prompt in prompts:

@@ -40,7 +40,6 @@ def kzoo_runs(target_path, draft_path, prompts, new_tokens, draft_lengths, round
     """kzoo's record: the prompts' ids, the target's speed alone, each draft length's speed, speed-up
     and acceptance rate (`speculative`), the step costs (`step_ms`), and the greedy outputs and
     replies. Raises AssertionError if a speculative output is not the target's own."""
-
     import kzoo
     from kzoo.models.decoder import speculative
 
