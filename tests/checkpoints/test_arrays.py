@@ -2,7 +2,6 @@
 
 import gc
 import types
-from pathlib import Path
 
 import keras
 import numpy as np
@@ -12,6 +11,8 @@ from kzoo import _compat
 from kzoo.checkpoints import arrays
 from kzoo.checkpoints.hf import load as hf_load
 from kzoo.checkpoints.tensor_maps import TensorMap
+from tests.memory_maps import SMAPS
+from tests.memory_maps import advice
 
 
 @pytest.mark.parametrize("shape", [(3,), (7, 5), (2, 3, 4)])
@@ -24,30 +25,16 @@ def test_empty_is_aligned_and_contiguous(shape, dtype):
     assert arrays.empty((0, 3), dtype).shape == (0, 3)
 
 
-def _advice(array):
-    """The `VmFlags` of the mapping that holds the middle of `array`'s data (Linux's
-    /proc/self/smaps; NumPy advises the whole pages of an array, not the one it starts in)."""
-    address, inside = array.ctypes.data + array.nbytes // 2, False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split()[0]
-        if "-" in head and not head.endswith(":"):
-            start, end = (int(bound, 16) for bound in head.split("-"))
-            inside = start <= address < end
-        elif inside and head == "VmFlags:":
-            return line.split()[1:]
-    raise AssertionError("no mapping holds the array")
-
-
-@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="Linux's /proc says how a mapping is advised")
+@pytest.mark.skipif(not SMAPS.exists(), reason="Linux's /proc says how a mapping is advised")
 def test_empty_is_not_advised_into_huge_pages():
     # "hg": MADV_HUGEPAGE, which NumPy gives its large arrays; a fault in such a mapping may stall
     # until the kernel finds or makes a huge page (numpy/numpy#31590).
     size = 8 << 20
     array = arrays.empty((size // 4,), "float32")
     array[:] = 1.0
-    assert "hg" not in _advice(array)
+    assert "hg" not in advice(array)
     if np._core.multiarray._get_madvise_hugepage():  # the advice the test looks for, on NumPy's own array
-        assert "hg" in _advice(np.ones(size, np.uint8))
+        assert "hg" in advice(np.ones(size, np.uint8))
 
 
 def test_copy_is_an_aligned_copy():
