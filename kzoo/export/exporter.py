@@ -192,7 +192,7 @@ def export(
         cache_spans=cache_spans,
         ignore_memory_estimate=ignore_memory_estimate,
     )
-    with memory.small_pages(), _output_folder(output_dir, overwrite) as staging:
+    with _output_folder(output_dir, overwrite) as staging:
         context = Context(model, settings, staging)
         records = {}
         for i, format in enumerate(context.formats):

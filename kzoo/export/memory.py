@@ -33,12 +33,9 @@ Mapped files count while their pages are resident, though the kernel can drop th
 mostly TensorFlow, its traced functions and its converter's graph of the decoder.
 """
 
-import contextlib
 import ctypes
 import gc
 import os
-
-import numpy as np
 
 # Copies of the float32 weights resident at an export's peak, and of its check buffers (measured;
 # see the module docstring): with the Keras model held through the checks, and let go of.
@@ -76,27 +73,6 @@ def estimated_peak_bytes(weight_bytes, cache_bytes=0, logits_bytes=0, releases_m
 def _constants(releases_model):
     """`(weight copies, base bytes)` of the estimate for an export that lets go of its model or not."""
     return (RELEASED_WEIGHT_COPIES, RELEASED_BASE_BYTES) if releases_model else (WEIGHT_COPIES, BASE_BYTES)
-
-
-@contextlib.contextmanager
-def small_pages():
-    """NumPy's new arrays in small pages while the block runs: without the advice NumPy gives
-    each large array to be backed by huge pages (`MADV_HUGEPAGE`), restored after.
-
-    An export's checks make and free arrays of a row's logits over the vocabulary (155 MB at
-    Qwen2.5's) by the hundred, and ai-edge-quantizer its own; on a host that must first find,
-    or get back from its hypervisor, a free huge page for each fault, every first write into
-    such an array stalls (numpy/numpy#31590). A no-op where NumPy has no such switch."""
-    numpy_core = getattr(np, "_core", None) or np.core  # NumPy 2, NumPy 1
-    switch = getattr(numpy_core.multiarray, "_set_madvise_hugepage", None)
-    if switch is None:
-        yield
-        return
-    previous = switch(False)
-    try:
-        yield
-    finally:
-        switch(previous)
 
 
 def release_freed_memory():

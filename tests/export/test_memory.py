@@ -1,7 +1,6 @@
 """The export's memory estimate: refused before anything is converted where it cannot fit, with a
 message naming the estimate and the memory available; `--ignore-memory-estimate` overrides it."""
 
-import numpy as np
 import pytest
 
 from kzoo import export
@@ -9,8 +8,6 @@ from kzoo.export import memory
 from tests.export.tiny_models import QUICK
 from tests.export.tiny_models import build
 from tests.export.tiny_models import load_export_command
-from tests.memory_maps import SMAPS
-from tests.memory_maps import advice
 
 export_command = load_export_command()
 
@@ -98,19 +95,3 @@ def test_the_override_exports_and_reports_the_estimate(quick_model, tmp_path, mo
     assert (
         export_command.make_parser().parse_args(["m", "--out", "o", "--ignore-memory-estimate"]).ignore_memory_estimate
     )
-
-
-@pytest.mark.skipif(not SMAPS.exists(), reason="Linux's /proc says how a mapping is advised")
-def test_small_pages_takes_numpy_s_huge_page_advice_away_and_gives_it_back():
-    size = 8 << 20  # above the 4 MB from which NumPy advises huge pages
-    before = np.ones(size, np.uint8)
-    with memory.small_pages():
-        inside = np.ones(size, np.uint8)
-        assert "hg" not in advice(inside)
-        with memory.small_pages():  # nested: the outer block's setting after the inner one
-            pass
-        assert "hg" not in advice(np.ones(size, np.uint8))
-    after = np.ones(size, np.uint8)
-    assert ("hg" in advice(before)) == ("hg" in advice(after))
-    if np._core.multiarray._get_madvise_hugepage():  # NumPy's advice on, so it must show outside the block
-        assert "hg" in advice(after)
