@@ -5,16 +5,9 @@ copies the copy into a buffer of its own unless the array starts on a multiple o
 NumPy does not promise). A loader that fills a fresh array of `empty` and hands it over with
 `variable_value` lets the variable adopt that memory instead: each weight is written once, and
 the peak holds no second copy of the largest tensor.
-
-Those arrays are anonymous memory maps of their own, not NumPy's allocations: NumPy advises the
-kernel to back each large array with huge pages (`MADV_HUGEPAGE`), and on a host that must first
-find, or get back from its hypervisor, a free huge page for each fault, every first write into such
-an array stalls (numpy/numpy#31590), where a loader writes gigabytes it has never touched. The
-weights are then only read, as fast from small pages.
 """
 
 import math
-import mmap
 
 import keras
 import numpy as np
@@ -27,14 +20,12 @@ _SHAREABLE = (np.dtype("float32"), np.dtype("float16"))
 
 
 def empty(shape, dtype="float32"):
-    """A C-contiguous array of zeros whose data starts on a page (a multiple of `ALIGNMENT` bytes):
-    an anonymous memory map, its pages given by the kernel as they are first written, returned to
-    it when the array (or a tensor that adopted it) is freed."""
+    """An uninitialized C-contiguous array whose data starts on an `ALIGNMENT`-byte boundary."""
     dtype = np.dtype(dtype)
     size = math.prod(shape) * dtype.itemsize
-    if size == 0:
-        return np.empty(shape, dtype)
-    return np.frombuffer(mmap.mmap(-1, size), dtype).reshape(shape)
+    buffer = np.empty(size + ALIGNMENT, np.uint8)
+    offset = -buffer.ctypes.data % ALIGNMENT
+    return buffer[offset : offset + size].view(dtype).reshape(shape)
 
 
 def copy(array, dtype=None):

@@ -11,8 +11,6 @@ from kzoo import _compat
 from kzoo.checkpoints import arrays
 from kzoo.checkpoints.hf import load as hf_load
 from kzoo.checkpoints.tensor_maps import TensorMap
-from tests.memory_maps import SMAPS
-from tests.memory_maps import advice
 
 
 @pytest.mark.parametrize("shape", [(3,), (7, 5), (2, 3, 4)])
@@ -23,18 +21,6 @@ def test_empty_is_aligned_and_contiguous(shape, dtype):
         assert array.shape == shape and array.dtype == dtype and array.flags.c_contiguous
         assert array.ctypes.data % arrays.ALIGNMENT == 0
     assert arrays.empty((0, 3), dtype).shape == (0, 3)
-
-
-@pytest.mark.skipif(not SMAPS.exists(), reason="Linux's /proc says how a mapping is advised")
-def test_empty_is_not_advised_into_huge_pages():
-    # "hg": MADV_HUGEPAGE, which NumPy gives its large arrays; a fault in such a mapping may stall
-    # until the kernel finds or makes a huge page (numpy/numpy#31590).
-    size = 8 << 20
-    array = arrays.empty((size // 4,), "float32")
-    array[:] = 1.0
-    assert "hg" not in advice(array)
-    if np._core.multiarray._get_madvise_hugepage():  # the advice the test looks for, on NumPy's own array
-        assert "hg" in advice(np.ones(size, np.uint8))
 
 
 def test_copy_is_an_aligned_copy():
