@@ -31,6 +31,12 @@ def checked_lengths(max_length):
     return sorted({1, min(SHORT_LENGTH, max_length), max_length})
 
 
+# Positions of a row's logits measured at a time (`max_abs_diff`, `Quality.add`): their float64
+# temporaries then fit in the caches and the C heap reuses them, where a whole row's (256 positions
+# at Qwen2.5's vocabulary: 311 MB each) were mapped and faulted in afresh, several per row.
+POSITIONS_AT_ONCE = 16
+
+
 def fp32_tolerance(reference_logits):
     """The largest |logit difference| a float32 artifact may have from `reference_logits`:
     `FP32_TOLERANCE` times their largest magnitude, and at least `FP32_TOLERANCE`."""
@@ -39,11 +45,17 @@ def fp32_tolerance(reference_logits):
 
 
 def max_abs_diff(values, reference):
-    """The largest |values - reference|, in float64, a row of the first axis at a time where the
-    two have one shape: a whole batch's logits in float64 are gigabytes at a real vocabulary."""
+    """The largest |values - reference|, in float64, a row of the first axis and
+    `POSITIONS_AT_ONCE` positions at a time where the two have one shape: a whole batch's logits
+    in float64 are gigabytes at a real vocabulary."""
     values, reference = np.asarray(values), np.asarray(reference)
     if values.ndim > 2 and values.shape == reference.shape:
         return max(max_abs_diff(row, reference_row) for row, reference_row in zip(values, reference))
+    if values.ndim == 2 and values.shape == reference.shape and len(values) > POSITIONS_AT_ONCE:
+        return max(
+            max_abs_diff(values[start : start + POSITIONS_AT_ONCE], reference[start : start + POSITIONS_AT_ONCE])
+            for start in range(0, len(values), POSITIONS_AT_ONCE)
+        )
     return float(np.max(np.abs(values.astype(np.float64) - reference.astype(np.float64))))
 
 
@@ -74,12 +86,19 @@ class Quality:
         """Adds a batch: `logits` `(..., C)`, int `targets` `(...)`, its weights, and the
         reference's argmax `(...)` for `top1_agreement` (given with every batch or none).
 
-        Rows of a batch `(N, T, C)` are measured one at a time: the float64 copies of a whole
-        batch's logits and their exponentials are gigabytes at a real vocabulary."""
+        Rows of a batch `(N, T, C)` are measured one at a time, and `POSITIONS_AT_ONCE` positions
+        of each at a time: the float64 copies of a whole batch's logits and their exponentials are
+        gigabytes at a real vocabulary."""
         if np.ndim(logits) > 2:
             for i in range(len(logits)):
                 row = (None if values is None else values[i] for values in (sample_weight, reference_argmax))
                 self.add(logits[i], targets[i], *row)
+            return
+        if np.ndim(logits) == 2 and len(logits) > POSITIONS_AT_ONCE:
+            for start in range(0, len(logits), POSITIONS_AT_ONCE):
+                cut = slice(start, start + POSITIONS_AT_ONCE)
+                rows = (None if values is None else values[cut] for values in (sample_weight, reference_argmax))
+                self.add(logits[cut], targets[cut], *rows)
             return
         logits = np.asarray(logits, np.float64)
         weights = np.ones(targets.shape) if sample_weight is None else np.asarray(sample_weight, np.float64)

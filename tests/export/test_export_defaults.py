@@ -84,6 +84,23 @@ def test_quality_in_batches_equals_quality_at_once():
     assert measure.result() == pytest.approx(at_once, rel=1e-12)
 
 
+def test_a_long_row_measured_a_few_positions_at_a_time_is_measured_whole():
+    rng = np.random.default_rng(1)
+    positions = 3 * verification.POSITIONS_AT_ONCE + 5  # chunks of POSITIONS_AT_ONCE and a shorter last one
+    logits, reference = rng.normal(size=(2, positions, 11)) * 3
+    targets, weights = rng.integers(0, 11, positions), rng.random(positions)
+    reference[-1, 4] += 100.0  # the largest difference, in the last chunk
+    # The formulas on the whole row at once, by hand.
+    log_norm = np.log(np.exp(logits).sum(-1))
+    expected = np.sum((log_norm - logits[np.arange(positions), targets]) * weights) / weights.sum()
+    agreement = np.sum((logits.argmax(-1) == reference.argmax(-1)) * weights) / weights.sum()
+    result = verification.quality(logits, targets, weights, reference)
+    assert result["cross_entropy"] == pytest.approx(expected, rel=1e-12)
+    assert result["top1_agreement"] == pytest.approx(agreement, rel=1e-12)
+    assert verification.max_abs_diff(logits, reference) == np.max(np.abs(logits - reference))
+    assert verification.max_abs_diff(logits[None], reference[None]) == np.max(np.abs(logits - reference))
+
+
 def test_the_keras_reference_runs_a_few_rows_at_a_time(monkeypatch):
     lm = tiny_lm(32)
     names = input_names(lm)
