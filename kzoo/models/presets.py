@@ -83,8 +83,8 @@ def from_preset(cls, preset, **kwargs):
 
     A backbone (or any model without a `backbone_cls`) is built from the
     preset's config updated with `kwargs`. A task builds its `backbone_cls`
-    from the preset and passes `kwargs` to its own constructor, as keras-hub
-    does; from a Hugging Face folder or a GGUF file it also gets the
+    from the preset (with the `dtype` of `kwargs`) and passes `kwargs` to its
+    own constructor, as keras-hub does; from a Hugging Face folder or a GGUF file it also gets the
     checkpoint's tokenizer (and chat template) and, when the checkpoint has the
     task's head, its weights.
     """
@@ -98,7 +98,7 @@ def from_preset(cls, preset, **kwargs):
         return gguf_reader.load(cls, preset, kwargs)
     backbone_cls = getattr(cls, "backbone_cls", None)
     if backbone_cls is not None:
-        return cls(backbone=backbone_cls.from_preset(preset), **kwargs)
+        return cls(backbone=backbone_cls.from_preset(preset, **hf_load.backbone_part(kwargs)), **kwargs)
     if preset in PRESETS:
         entry = PRESETS[preset]
         preset_cls = _registered_class(entry["class_name"])

@@ -593,6 +593,19 @@ def test_a_bfloat16_checkpoint_loads_exactly(tmp_path, gpt2_folders):
     assert max_difference(ours({"token_ids": ids, "padding_mask": mask}), expected, mask) <= TOLERANCE
 
 
+@pytest.mark.parametrize("dtype, weights", [("bfloat16", "bfloat16"), ("mixed_bfloat16", "float32")])
+def test_a_task_loaded_with_a_dtype_gives_it_to_its_backbone(gpt2_folders, dtype, weights):
+    folder, reference = gpt2_folders["GPT2LMHeadModel"]
+    ours = load_quietly(kzoo.models.GPTCausalLM, folder, tokenizer=None, dtype=dtype)
+    assert {variable.dtype for variable in ours.weights} == {weights}
+    ids, mask, _ = hf_folders.random_batch(ours.backbone.vocabulary_size)
+    with torch.no_grad():
+        expected = reference(**torch_inputs(ids, mask)).logits.numpy()
+    logits = keras.ops.convert_to_numpy(keras.ops.cast(ours({"token_ids": ids, "padding_mask": mask}), "float32"))
+    # bfloat16 keeps 8 bits of each value: a few hundredths of the largest logit, not more.
+    assert 1e-4 < max_difference(logits, expected, mask) / np.abs(expected).max() < 0.05
+
+
 def test_a_quantized_model_is_written_with_its_dequantized_weights(tmp_path, gpt2_folders):
     folder, _ = gpt2_folders["GPT2LMHeadModel"]
     lm = load_quietly(kzoo.models.GPTCausalLM, folder, tokenizer=None)

@@ -54,6 +54,13 @@ def test_from_preset_overrides():
     assert classifier.num_classes == 5 and isinstance(classifier.backbone, models.BertBackbone)
 
 
+def test_a_task_from_a_preset_gives_its_dtype_to_the_backbone():
+    with keras.StatelessScope(initialize_variables=False):
+        lm = models.GPTCausalLM.from_preset("gpt_tiny", dtype="bfloat16")
+    assert {variable.dtype for variable in lm.weights} == {"bfloat16"}
+    assert lm.dtype_policy.name == "bfloat16"
+
+
 def test_unknown_preset_lists_the_known_ones():
     with pytest.raises(ValueError, match="Unknown preset 'gpt3'.*gpt2_small.*gpt_tiny"):
         models.GPTCausalLM.from_preset("gpt3")

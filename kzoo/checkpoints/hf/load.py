@@ -150,8 +150,8 @@ def load(cls, path, kwargs, reader=None, config=None, source=None):
     """A kzoo backbone or task of class `cls` with the weights (and tokenizer) of a checkpoint.
 
     See `from_preset`. Tasks get the task kwargs `kwargs` (a task's head config, e.g.
-    `num_classes`, defaults to the checkpoint's when it has that head); backbones take them as
-    config overrides (e.g. `dropout`, `dtype`).
+    `num_classes`, defaults to the checkpoint's when it has that head), and their backbone the
+    `dtype` among them; backbones take them as config overrides (e.g. `dropout`, `dtype`).
 
     Args:
         cls: the kzoo class to build.
@@ -174,7 +174,7 @@ def load(cls, path, kwargs, reader=None, config=None, source=None):
             f"{family.backbone_cls.__name__} and its tasks load, not {cls.__name__}."
         )
     read = ConfigReader(config, source)
-    backbone_kwargs = {**family.backbone_config(config, read), **({} if is_task else dict(kwargs))}
+    backbone_kwargs = {**family.backbone_config(config, read), **(backbone_part(kwargs) if is_task else dict(kwargs))}
     reader = SafetensorsReader(path) if reader is None else reader
     _check_layers(reader, family, backbone_kwargs, source)
     head = head_of(family, cls) if is_task else None
@@ -217,6 +217,13 @@ def load(cls, path, kwargs, reader=None, config=None, source=None):
             stacklevel=3,
         )
     return model
+
+
+def backbone_part(task_kwargs):
+    """The arguments of a task's `from_preset` that its backbone takes too: its `dtype`, as
+    keras-hub forwards it, so that `CausalLM.from_preset(path, dtype="bfloat16")` holds its
+    weights in bfloat16 rather than a float32 backbone under a bfloat16 task."""
+    return {"dtype": task_kwargs["dtype"]} if task_kwargs.get("dtype") is not None else {}
 
 
 def checkpoint_tokenizer(family, path, config, vocabulary_size=None):
