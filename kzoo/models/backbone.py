@@ -42,6 +42,7 @@ class Backbone(keras.Model):
     keras_hub_class_name = None
 
     def __init__(self, *args, dtype=None, **kwargs):
+        check_functional_arguments(self, kwargs)
         super().__init__(*args, **kwargs)
         # Functional models take no `dtype`; the policy is set afterwards so
         # that `get_config` reports the one the layers were built with.
@@ -191,6 +192,21 @@ def add_quantization_config(config, model):
         layer.path: layer.quantization_mode for layer in _compat.sublayers(model) if layer.quantization_mode is not None
     }
     return {**config, "quantized_layers": quantized} if quantized else config
+
+
+FUNCTIONAL_ARGUMENTS = ("inputs", "outputs", "name", "trainable")
+
+
+def check_functional_arguments(model, kwargs):
+    """Refuses the arguments among `kwargs` that a subclass's constructor passed on to
+    `keras.Model` but that are not its functional arguments: Keras drops them silently, so a
+    misspelt `from_preset(..., num_clases=3)` would build the default model without a word."""
+    unknown = sorted(set(kwargs) - set(FUNCTIONAL_ARGUMENTS))
+    if unknown:
+        raise TypeError(
+            f"{type(model).__name__} got unexpected arguments {unknown}: it takes its own constructor's "
+            f"arguments, `dtype` and {list(FUNCTIONAL_ARGUMENTS)}."
+        )
 
 
 def from_constructor_config(cls, config):

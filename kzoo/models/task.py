@@ -9,6 +9,7 @@ from kzoo._compat import OptimizerBuiltBeforeTracing
 from kzoo.checkpoints.hf import save as hf_save
 from kzoo.models import presets
 from kzoo.models.backbone import add_quantization_config
+from kzoo.models.backbone import check_functional_arguments
 from kzoo.models.backbone import from_constructor_config
 from kzoo.models.backbone import frozen_heap
 from kzoo.models.cross_entropy import TokenCrossEntropy
@@ -83,6 +84,8 @@ class Task(OptimizerBuiltBeforeTracing, MultiWorkerTrainerMixin, keras.Model):
     default_learning_rate = 5e-4
 
     def __init__(self, *args, tokenizer=None, **kwargs):
+        # `dtype` too: the backbone's policy, which the task takes below.
+        check_functional_arguments(self, {name: value for name, value in kwargs.items() if name != "dtype"})
         super().__init__(*args, **kwargs)
         # Functional models take no `dtype`: a task takes its backbone's
         # policy, which also tells `compile` to scale the loss under
