@@ -237,6 +237,42 @@ def test_the_int4_rewrites_test_only_the_weights_they_did_not_split(monkeypatch)
     assert sorted(asked) == [(64, 128), (128, 64)]
 
 
+def test_the_int4_rewrites_hold_each_split_weight_compact_until_it_is_written():
+    """Every 4-bit weight's float32 codes at once were 5 GB at 1.5B parameters: the rewrites
+    keep int8 integers and a step per block, made into `source_blocks`' codes, bit for bit,
+    when the buffer is read to be written (tests/export/test_litertlm_int4.py: the file made so
+    computes what the in-memory path's does)."""
+    from kzoo.export.litertlm import RuntimeSignatures
+    from kzoo.export.litertlm import bundle_model
+    from kzoo.export.tflite import graph_passes
+    from tests.export.test_litertlm_int4 import q4_source_lm
+
+    weights = q4_1(np.random.default_rng(0).normal(0, 0.2, (48, 96)).astype(np.float32))
+    codes, offsets, block = quantize.source_blocks(weights)
+    deferred, deferred_offsets, deferred_block = quantize._deferred_source_blocks(weights)
+    assert isinstance(deferred, graph_passes.Deferred) and len(deferred) == codes.nbytes
+    assert np.asarray(deferred).tobytes() == codes.tobytes()
+    np.testing.assert_array_equal(deferred_offsets, offsets)
+    assert deferred_block == block
+    model = graph_passes.unpacked(bundle_model(RuntimeSignatures(q4_source_lm(), 32), "tflite_fp32"))
+    quantize._prepare(model, quantize.INT4)
+    split = [buffer.data for buffer in model.buffers if isinstance(buffer.data, graph_passes.Deferred)]
+    assert len(split) == len({sub.tensors[op.inputs[1]].buffer for sub, op in _source_block_ops(model)}) > 0
+    packed = graph_passes.unpacked(graph_passes.packed(model, graph_passes.packed_size(model)))
+    assert not any(isinstance(buffer.data, graph_passes.Deferred) for buffer in packed.buffers)
+
+
+def _source_block_ops(model):
+    """The FC ops of `model` whose outputs carry `quantize.SOURCE_BLOCKS` (the split codes')."""
+    ops = []
+    for subgraph in model.subgraphs:
+        for op in subgraph.operators:
+            name = subgraph.tensors[op.outputs[0]].name
+            if quantize.SOURCE_BLOCKS in (name.decode() if isinstance(name, bytes) else name):
+                ops.append((subgraph, op))
+    return ops
+
+
 @pytest.mark.parametrize("value", [0.0, 0.3])
 def test_a_block_of_one_value_is_not_all_zero_codes(value):
     # Codes of 0 get the int4 scale 0, which LiteRT's XNNPACK refuses, failing the whole model

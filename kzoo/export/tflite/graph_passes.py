@@ -293,6 +293,25 @@ def make_embedding_lookups(model):
                 op.builtinOptionsType, op.builtinOptions = schema.BuiltinOptions.NONE, None
 
 
+class Deferred:
+    """A constant buffer's bytes made only when they are read (`np.asarray(deferred)`, 1-D uint8):
+    a rewrite can hold each new weight in a compact form (int4 codes as int8 integers and a step
+    per block: a quarter of their float32 bytes) until the file is written a buffer at a time
+    (`write`), instead of every one in float32 at once. `len()` is the bytes it makes."""
+
+    def __init__(self, nbytes, make):
+        self.nbytes, self._make = int(nbytes), make
+
+    def __len__(self):
+        return self.nbytes
+
+    def __array__(self, dtype=None, copy=None):
+        data = np.ascontiguousarray(self._make()).view(np.uint8).ravel()
+        if data.nbytes != self.nbytes:
+            raise AssertionError(f"A deferred buffer made {data.nbytes} bytes, not {self.nbytes}.")
+        return data if dtype is None else data.astype(dtype, copy=False)
+
+
 def split_fully_connected(model, split, residual_tag, offsets_tag, sums_tag):
     """`model` (a `schema.ModelT`, changed in place) with each FULLY_CONNECTED op whose constant
     float32 weights W (out, in) `split` cuts into `(residual, offsets, block)` computing
@@ -300,7 +319,8 @@ def split_fully_connected(model, split, residual_tag, offsets_tag, sums_tag):
         y = x @ residual^T + sums(x) @ offsets^T,   sums(x)[j] = x[j * block : (j + 1) * block].sum()
 
     the sums an FC of 0/1 weights (one per input tensor), the offsets an FC on them, both in
-    float32, added to the residual FC's output; `split` returns None to leave an op as it is.
+    float32, added to the residual FC's output; `split` returns None to leave an op as it is,
+    and may return the residual as a `Deferred` of its float32 bytes.
     The residual FCs' outputs are named with `residual_tag`, the sums FCs' with `sums_tag` and
     the offsets FCs' with `offsets_tag` (the quantizer's recipe picks ops by these names). Weights also read by
     another kind of op (a tied table's lookup) are left alone. Returns `(bytes added, ops split)`."""
@@ -366,7 +386,9 @@ def split_fully_connected(model, split, residual_tag, offsets_tag, sums_tag):
                 if parts is not None:
                     residual, offsets, block = parts
                     model.buffers[weights.buffer].data = (
-                        np.ascontiguousarray(residual, np.float32).view(np.uint8).ravel()
+                        residual
+                        if isinstance(residual, Deferred)
+                        else np.ascontiguousarray(residual, np.float32).view(np.uint8).ravel()
                     )
                     inputs = int(weights.shape[1])
                     if (inputs, block) not in sum_buffers:
@@ -549,7 +571,11 @@ def rewrite_file(source, destination, rewrite):
 
 
 def _inline(model, size):
-    """`model` packed as one flatbuffer, in a builder made `size` bytes and a little more."""
+    """`model` packed as one flatbuffer, in a builder made `size` bytes and a little more (its
+    `Deferred` buffers made here: the packer takes arrays)."""
+    for buffer in model.buffers:
+        if isinstance(buffer.data, Deferred):
+            buffer.data = np.asarray(buffer.data)
     builder = flatbuffers.Builder(size + (1 << 20))
     builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
     return bytes(memoryview(builder.Bytes)[builder.Head() :])

@@ -91,9 +91,10 @@ def _prepare(model, conversion):
     graph_passes.make_embedding_lookups(model)
     if conversion != INT4:
         return 0
-    added, _ = graph_passes.split_fully_connected(model, source_blocks, SOURCE_BLOCKS, BLOCK_OFFSETS, BLOCK_SUMS)
+    tags = (SOURCE_BLOCKS, BLOCK_OFFSETS, BLOCK_SUMS)
+    added, _ = graph_passes.split_fully_connected(model, _deferred_source_blocks, *tags)
     # The split ops' own configurations win over FINER_SOURCE's: their weights are not tested.
-    graph_passes.tag_weighted_ops(model, finer_source, FINER_SOURCE, unless=(SOURCE_BLOCKS, BLOCK_OFFSETS, BLOCK_SUMS))
+    graph_passes.tag_weighted_ops(model, finer_source, FINER_SOURCE, unless=tags)
     return added
 
 
@@ -152,6 +153,30 @@ def source_blocks(weights, tolerance=1e-5):
     LiteRT's int4 blocks store it; `weights` then move by at most 8 x 2^-8 of a step); each
     block's c are shifted so that ai-edge-quantizer's recovery (the smallest gap between the
     block's magnitudes, 0 included) finds a step that divides them all."""
+    parts = _source_block_parts(weights, tolerance)
+    return None if parts is None else (_codes(*parts[:2]), parts[2], INT4_BLOCK)
+
+
+def _deferred_source_blocks(weights):
+    """`source_blocks` with the codes a `graph_passes.Deferred` of their integers and steps: a
+    rewrite of a 1.5B model held every weight's float32 codes at once, 5 GB."""
+    parts = _source_block_parts(weights)
+    if parts is None:
+        return None
+    integers, steps, offsets = parts
+    return graph_passes.Deferred(4 * integers.size, lambda: _codes(integers, steps)), offsets, INT4_BLOCK
+
+
+def _codes(integers, steps):
+    """The float32 codes `(out, in)` of `_source_block_parts`' integers and steps (each product
+    of a 4-bit integer and a bfloat16 step is exact in float32)."""
+    rows = integers.shape[0]
+    return (integers.reshape(rows, -1, INT4_BLOCK) * steps[..., None]).reshape(integers.shape)
+
+
+def _source_block_parts(weights, tolerance=1e-5):
+    """`(integers, steps, offsets)` of `source_blocks`: the codes' integers (int8, `(out, in)`),
+    each block's step (float32, `(out, in / INT4_BLOCK)`) and offset (float32, the same), or None."""
     parts = []
     for rows in _row_chunks(weights):  # stops at the first chunk that is no grid
         part = _source_blocks(rows, tolerance)
@@ -160,11 +185,11 @@ def source_blocks(weights, tolerance=1e-5):
         parts.append(part)
     if not parts:  # no rows
         return None
-    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]), INT4_BLOCK
+    return tuple(np.concatenate([p[i] for p in parts]) for i in range(3))
 
 
 def _source_blocks(weights, tolerance):
-    """`source_blocks`' codes and offsets of some rows of a weight, or None."""
+    """`_source_block_parts` of some rows of a weight, or None."""
     grid = _grid(weights, INT4_BLOCK, 15, tolerance)
     if grid is None:
         return None
@@ -189,9 +214,9 @@ def _source_blocks(weights, tolerance):
         bad &= ~fixed
     if bad.any():
         return None
-    codes = (levels - shift) * stored
+    integers = (levels - shift).astype(np.int8).reshape(weights.shape)
     offsets = low + shift * step
-    return codes.reshape(weights.shape).astype(np.float32), offsets[..., 0].astype(np.float32)
+    return integers, stored[..., 0].astype(np.float32), offsets[..., 0].astype(np.float32)
 
 
 def finer_source(weights, tolerance=1e-5):
