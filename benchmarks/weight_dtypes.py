@@ -12,6 +12,15 @@ k proposals multiplies k + 1 positions by every weight: read once, the weight sh
 what one row costs. Each product's `over_one_position` is its time over its own at 1 position.
 
     python -m benchmarks.weight_dtypes [--rows 8192] [--columns 16384] [--repeats 7] [--positions 1] [--out record.json]
+
+`--model NAME` (a model of `kzoo.checkpoints.fetch`, fetched first) measures the whole model
+instead: `CausalLM.from_preset(path, dtype=...)` in float32 and in bfloat16, both held in one
+process (the 1.5B peaks at about 20 GB), `generate` of `--new-tokens` greedy tokens after a
+32-token prompt, the two alternating for `--repeats` rounds after a warm-up call each, and the
+held-out cross-entropy of each on `--held-out-rows` rows of 256 tokens of tiny Shakespeare's
+validation split, with their top-1 agreement.
+
+    python -m benchmarks.weight_dtypes --model qwen2.5-coder-0.5b-instruct [--repeats 3] [--new-tokens 64]
 """
 
 import argparse
@@ -48,6 +57,62 @@ def products(weight):
     }
 
 
+def cross_entropy(lm, rows):
+    """The mean next-token cross-entropy of `lm` over `rows` `(n, T + 1)` of ids, and its top-1 picks."""
+    import keras
+
+    losses, picks = [], []
+    for row in rows:
+        x = row[None, :-1].astype("int32")
+        logits = keras.ops.convert_to_numpy(lm({"token_ids": x, "padding_mask": np.ones_like(x)}))[0]
+        logits = logits.astype(np.float64)
+        top = logits.max(-1)
+        log_sum = np.log(np.exp(logits - top[:, None]).sum(-1)) + top
+        losses.append(log_sum - logits[np.arange(len(x[0])), row[1:]])
+        picks.append(logits.argmax(-1))
+    return float(np.mean(losses)), np.stack(picks)
+
+
+def whole_model(name, repeats, new_tokens, held_out_rows, length=256):
+    """`--model`'s record: float32 against bfloat16 weights, speed and held-out loss."""
+    import kzoo
+    from kzoo.checkpoints import fetch
+    from kzoo.data.corpora import read_tiny_shakespeare
+
+    path = fetch.path(name) or fetch.fetch(name)
+    text = read_tiny_shakespeare()["validation"][0]["text"]
+    models = {dtype: kzoo.models.CausalLM.from_preset(path, dtype=dtype) for dtype in ("float32", "bfloat16")}
+    ids = np.asarray(models["float32"].tokenizer.tokenize(text)).reshape(-1)
+    if len(ids) < held_out_rows * (length + 1):
+        most = len(ids) // (length + 1)
+        raise ValueError(f"--held-out-rows: at most {most} rows of {length} tokens; received {held_out_rows}.")
+    prompt = [ids[:32].tolist()]
+    rows = ids[: held_out_rows * (length + 1)].reshape(held_out_rows, length + 1)
+    record = {"model": name, "new_tokens": new_tokens, "new_tokens_per_s": {}, "held_out": {}}
+    outputs = {}
+    for dtype, lm in models.items():
+        outputs[dtype] = lm.generate(prompt, max_new_tokens=new_tokens, stop_token_ids=None)  # compiles
+        record["new_tokens_per_s"][dtype] = []
+    for _ in range(repeats):
+        for dtype, lm in models.items():
+            start = time.perf_counter()
+            lm.generate(prompt, max_new_tokens=new_tokens, stop_token_ids=None)
+            record["new_tokens_per_s"][dtype].append(round(new_tokens / (time.perf_counter() - start), 2))
+    losses = {dtype: cross_entropy(lm, rows) for dtype, lm in models.items()}
+    speeds = {dtype: float(np.median(v)) for dtype, v in record["new_tokens_per_s"].items()}
+    record["bfloat16_over_float32"] = round(speeds["bfloat16"] / speeds["float32"], 3)
+    record["held_out"] = {
+        "rows": held_out_rows,
+        "positions": length,
+        "float32_nats": round(losses["float32"][0], 4),
+        "bfloat16_nats": round(losses["bfloat16"][0], 4),
+        "bfloat16_minus_float32": round(losses["bfloat16"][0] - losses["float32"][0], 4),
+        "top1_agreement": round(float((losses["float32"][1] == losses["bfloat16"][1]).mean()), 4),
+    }
+    record["same_greedy_tokens"] = outputs["float32"] == outputs["bfloat16"]
+    return record
+
+
 def main():
     import kzoo  # noqa: F401  (TensorFlow imported quietly)
     from kzoo import config
@@ -57,8 +122,17 @@ def main():
     parser.add_argument("--columns", type=int, default=16384)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--positions", default="1", help="comma-separated row counts of the activations")
+    parser.add_argument("--model", default=None, help="a model of kzoo.checkpoints.fetch: the whole model instead")
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--held-out-rows", type=int, default=8)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    if args.model is not None:
+        if min(args.repeats, args.new_tokens, args.held_out_rows) < 1:
+            parser.error("--repeats, --new-tokens and --held-out-rows: at least 1 each")
+        record = whole_model(args.model, args.repeats, args.new_tokens, args.held_out_rows)
+        report("weight_dtypes", record | {"cpu_flags": cpu_flags()}, args.out)
+        return
     positions = [int(p) for p in args.positions.split(",")]
     if 1 not in positions or min(positions) < 1:
         parser.error(f"--positions: positive row counts, 1 among them; received {args.positions!r}")
