@@ -23,6 +23,9 @@ litertlm,litertlm_int4`, a 4,096-slot cache, 8 checked rows of 256 positions, un
   bundle's rewrites; the checks hold no Keras weights. The peaks are not linear in W (what does
   not grow with the width, TensorFlow and its traced graphs, weighs most in a small model): a line
   just above the smallest and the largest covers all three, 4.66, 8.30 (26% over) and 14.9 GB.
+  On a 2-core AVX-512 host (2026-12-02) the 1.5B peaked at 15.35 GB in those rewrites, and at
+  12.72 GB, in the float32 file's conversion, once they held each weight's codes as int8 (left
+  as fitted: the estimate, 14.9 GB, is above the peaks measured since).
 - the caller holds the model (passed as an object) through the checks (`WEIGHT_COPIES`,
   `BASE_BYTES`; 2026-11-28, before the exporter let go of a model): SmolLM2-135M (W = 0.54 GB,
   vocabulary 49,152; `--cache-length 2048 --representative-data kzoo_tiny_shakespeare
