@@ -57,20 +57,20 @@ def products(weight):
     }
 
 
-def cross_entropy(lm, rows):
-    """The mean next-token cross-entropy of `lm` over `rows` `(n, T + 1)` of ids, and its top-1 picks."""
+def held_out(lm, rows, reference_argmax=None):
+    """`verification.Quality`'s result for `lm` on `rows` `(n, T + 1)` of ids (top-1 agreement
+    with `reference_argmax` `(n, T)` where given), and its own argmax `(n, T)`."""
     import keras
 
-    losses, picks = [], []
-    for row in rows:
+    from kzoo.export import verification
+
+    quality, picks = verification.Quality(), []
+    for i, row in enumerate(rows):
         x = row[None, :-1].astype("int32")
         logits = keras.ops.convert_to_numpy(lm({"token_ids": x, "padding_mask": np.ones_like(x)}))[0]
-        logits = logits.astype(np.float64)
-        top = logits.max(-1)
-        log_sum = np.log(np.exp(logits - top[:, None]).sum(-1)) + top
-        losses.append(log_sum - logits[np.arange(len(x[0])), row[1:]])
+        quality.add(logits, row[1:], reference_argmax=None if reference_argmax is None else reference_argmax[i])
         picks.append(logits.argmax(-1))
-    return float(np.mean(losses)), np.stack(picks)
+    return quality.result(), np.stack(picks)
 
 
 def whole_model(name, repeats, new_tokens, held_out_rows, length=256):
@@ -80,34 +80,35 @@ def whole_model(name, repeats, new_tokens, held_out_rows, length=256):
     from kzoo.data.corpora import read_tiny_shakespeare
 
     path = fetch.path(name) or fetch.fetch(name)
+    models = {"float32": kzoo.models.CausalLM.from_preset(path, dtype="float32")}
     text = read_tiny_shakespeare()["validation"][0]["text"]
-    models = {dtype: kzoo.models.CausalLM.from_preset(path, dtype=dtype) for dtype in ("float32", "bfloat16")}
     ids = np.asarray(models["float32"].tokenizer.tokenize(text)).reshape(-1)
-    if len(ids) < held_out_rows * (length + 1):
+    if len(ids) < held_out_rows * (length + 1):  # checked before the second model loads
         most = len(ids) // (length + 1)
         raise ValueError(f"--held-out-rows: at most {most} rows of {length} tokens; received {held_out_rows}.")
+    models["bfloat16"] = kzoo.models.CausalLM.from_preset(path, dtype="bfloat16")
     prompt = [ids[:32].tolist()]
     rows = ids[: held_out_rows * (length + 1)].reshape(held_out_rows, length + 1)
-    record = {"model": name, "new_tokens": new_tokens, "new_tokens_per_s": {}, "held_out": {}}
-    outputs = {}
-    for dtype, lm in models.items():
-        outputs[dtype] = lm.generate(prompt, max_new_tokens=new_tokens, stop_token_ids=None)  # compiles
-        record["new_tokens_per_s"][dtype] = []
-    for _ in range(repeats):
+    record = {"model": name, "new_tokens": new_tokens, "new_tokens_per_s": {dtype: [] for dtype in models}}
+    outputs = {
+        dtype: lm.generate(prompt, max_new_tokens=new_tokens, stop_token_ids=None) for dtype, lm in models.items()
+    }
+    for _ in range(repeats):  # the compiled calls alternate
         for dtype, lm in models.items():
             start = time.perf_counter()
             lm.generate(prompt, max_new_tokens=new_tokens, stop_token_ids=None)
             record["new_tokens_per_s"][dtype].append(round(new_tokens / (time.perf_counter() - start), 2))
-    losses = {dtype: cross_entropy(lm, rows) for dtype, lm in models.items()}
     speeds = {dtype: float(np.median(v)) for dtype, v in record["new_tokens_per_s"].items()}
     record["bfloat16_over_float32"] = round(speeds["bfloat16"] / speeds["float32"], 3)
+    full, full_argmax = held_out(models["float32"], rows)
+    half, _ = held_out(models["bfloat16"], rows, full_argmax)
     record["held_out"] = {
         "rows": held_out_rows,
         "positions": length,
-        "float32_nats": round(losses["float32"][0], 4),
-        "bfloat16_nats": round(losses["bfloat16"][0], 4),
-        "bfloat16_minus_float32": round(losses["bfloat16"][0] - losses["float32"][0], 4),
-        "top1_agreement": round(float((losses["float32"][1] == losses["bfloat16"][1]).mean()), 4),
+        "float32_nats": round(full["cross_entropy"], 4),
+        "bfloat16_nats": round(half["cross_entropy"], 4),
+        "bfloat16_minus_float32": round(half["cross_entropy"] - full["cross_entropy"], 4),
+        "top1_agreement": round(half["top1_agreement"], 4),
     }
     record["same_greedy_tokens"] = outputs["float32"] == outputs["bfloat16"]
     return record

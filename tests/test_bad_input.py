@@ -306,12 +306,12 @@ CASES = [
      "`encoder_token_ids` must hold integer token ids"),
     ("seq2seq_source_above_the_vocabulary", lambda f, *_: f.seq2seq.generate([[7, 80]], 5, max_new_tokens=2), ValueError,
      None, "`encoder_token_ids` must be in [0, 64)"),
-    # predict (and fit, evaluate) on NumPy input, compiled.
     # Keras drops a functional model's unknown arguments: kzoo names them.
     ("from_preset_misspelt_backbone_argument", lambda *_: kzoo.models.GPTBackbone.from_preset("gpt_tiny", num_layerz=2),
      TypeError, None, "GPTBackbone got unexpected arguments ['num_layerz']"),
     ("from_preset_misspelt_task_argument", lambda *_: kzoo.models.GPTCausalLM.from_preset("gpt_tiny", tokeniser=None),
      TypeError, None, "GPTCausalLM got unexpected arguments ['tokeniser']"),
+    # predict (and fit, evaluate) on NumPy input, compiled.
     ("predict_empty_batch", lambda f, *_: f.gpt.predict({"token_ids": np.zeros((0, 4), "int32"), "padding_mask": np.zeros((0, 4))}),
      ValueError, None, "`token_ids` has no rows: predict needs at least one example"),
     ("predict_float_ids", lambda f, *_: f.gpt.predict({"token_ids": np.array([[1.7, 5.2]]), "padding_mask": np.ones((1, 2))}),
