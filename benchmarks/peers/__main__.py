@@ -9,10 +9,11 @@ original Q4_1 GGUF, in one run, beside any kzoo bundles given.
    prefill, 128 decode steps, 2 threads) and llama.cpp once on the Q4_1 GGUF (same prompt
    length, steps and threads), after waiting up to a minute for the other processes to quiet
    down; medians over the rounds;
-5. the floor of each bundle's decode step: its model's bytes (the weights at their precision)
-   plus the KV cache's (float32, every slot), read once at the bandwidth this process reads with
-   every core (`benchmarks.common.bandwidth_meter`) just after each of the bundle's runs (the
-   host's bandwidth moves between minutes); decode over floor is the median over the runs; and
+5. the floor of each bundle's decode step: its model's bytes (the weights at their precision;
+   a table only looked up, such as an untied token table, counts as not read) plus the KV
+   cache's (float32, every slot), read once at the bandwidth this process reads with every core
+   (`benchmarks.common.bandwidth_meter`) just after each of the bundle's runs (the host's
+   bandwidth moves between minutes); decode over floor is the median over the runs; and
    the "filled" floor, with only the slots a step at the decode's mean position has written
    (256 + 64: what a runtime that reads no empty slot reads, as llama.cpp).
 
@@ -124,10 +125,10 @@ def kv_cache_bytes(config, slots):
 
 def step_bytes(record, config, slots=None):
     """The bytes a decode step of the bundle `record` (`bundle_contents`) reads at least: its
-    model (the weights at their precision) and a float32 KV cache of `slots` positions (default:
-    every slot of the bundle's cache)."""
+    model (the weights at their precision) but the tables it only looks up a row of, and a
+    float32 KV cache of `slots` positions (default: every slot of the bundle's cache)."""
     model = max(section["bytes"] for section in record["sections"] if "TFLite" in section["type"])
-    return model + kv_cache_bytes(config, slots or record["max_num_tokens"])
+    return model - record.get("looked_up_bytes", 0) + kv_cache_bytes(config, slots or record["max_num_tokens"])
 
 
 def floors(bundles, config, speed):
