@@ -62,6 +62,19 @@ def test_gpt2_outputs_and_logits_match_keras_hub(hub_presets):
     assert _max_abs_difference(lm(inputs), hub_lm(inputs), real) <= 1e-5
 
 
+def test_a_task_loaded_with_a_dtype_from_a_keras_hub_directory_gives_it_to_its_backbone(hub_presets):
+    # As keras-hub's own loader does: the weights held in bfloat16, not a float32 backbone under
+    # a bfloat16 task; the logits those of keras-hub's backbone loaded in bfloat16.
+    hub_backbone, directory = hub_presets["gpt2"]
+    lm = models.GPTCausalLM.from_preset(directory, dtype="bfloat16")
+    assert {w.dtype for w in lm.backbone.weights} == {"bfloat16"}
+    hub_bf16 = keras_hub.models.Backbone.from_preset(directory, dtype="bfloat16")
+    inputs, real = _padded_batch()
+    ours, theirs = (np.asarray(x, np.float32) for x in (lm.backbone(inputs), hub_bf16(inputs)))
+    assert _max_abs_difference(ours, theirs, real) <= 0.05 * np.abs(theirs[real]).max()
+    assert _max_abs_difference(ours, np.asarray(hub_backbone(inputs)), real) > 0  # rounded to bfloat16
+
+
 def test_task_takes_its_arguments_with_a_keras_hub_directory(hub_presets):
     classifier = models.BertClassifier.from_preset(hub_presets["bert"][1], num_classes=4, dropout=0.0)
     assert classifier.num_classes == 4
