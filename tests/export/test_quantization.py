@@ -203,6 +203,37 @@ def test_a_block_whose_values_skip_levels_is_still_its_own_grid_and_recovered_ex
     np.testing.assert_array_equal(codes + offsets, weights)
 
 
+def test_a_block_no_shift_makes_recoverable_is_rounded_to_even_codes_not_the_weight_to_int8():
+    # Two of Qwen2.5-Coder-1.5B's Q4_K projections each hold one block of levels 0, 11 and 14:
+    # centred on 7 its magnitudes are 0, 4, 7 (smallest gap 3), on 8 they are 0, 3, 6, 8 (gap 2),
+    # and no other centre keeps the codes in [-8, 7]. The weight stays cut into codes and offsets,
+    # that block's codes rounded to even integers (a step off at most), every other block exact.
+    from ai_edge_quantizer.algorithms.uniform_quantize import dequantized_weight_recovery
+
+    weights = q4_1(np.random.default_rng(2).normal(0, 0.2, (64, 512)).astype(np.float32))  # 1,024 blocks
+    step = 1 / 64
+    weights[5, 64:96] = 0.25 + step * np.array([0, 11, 14] * 10 + [0, 14])
+    codes, offsets, _ = quantize.source_blocks(weights)
+    blocks, source = codes.reshape(64, 16, 32), weights.reshape(64, 16, 32)
+    restored = blocks + offsets[..., None]
+    odd = np.abs(restored[5, 2] - source[5, 2])
+    assert 0 < odd.max() <= step * (1 + 2**-7)  # the rounded block: a step at most (the step in bfloat16)
+    others = np.abs(restored - source).max(-1)
+    others[5, 2] = 0
+    source_steps = (source.max(-1) - source.min(-1)) / 15
+    assert np.all(others <= 8 * 2**-8 * source_steps + 1e-7)  # as exact as every cut block
+    # ai-edge-quantizer's recovery reads every block's codes back as integers in [-8, 7].
+    _, scales = dequantized_weight_recovery.get_zp_scale_from_dequantized_symmetric_weights(
+        codes, quantized_dimension=1, block_size=32
+    )
+    recovered = blocks / scales.reshape(64, 16, 1)
+    assert np.allclose(recovered, np.rint(recovered), atol=1e-3) and np.abs(np.rint(recovered)).max() <= 8
+    # More than one such block in a thousand: no 4-bit source (the weight goes to int8).
+    many = weights.copy()
+    many[5:8, 64:96] = weights[5, 64:96]
+    assert quantize.source_blocks(many) is None
+
+
 def test_recoverability_looked_up_by_the_set_of_magnitudes_is_the_sorted_rule():
     """`_recoverable` looks codes under 16 up by the bit mask of their magnitudes; the rule it
     stands for (the smallest gap between sorted magnitudes, 0 included, divides them all) decides
