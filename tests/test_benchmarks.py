@@ -95,22 +95,11 @@ def test_a_decode_floor_counts_an_untied_table_as_looked_up_not_read(tied):
     # weights too, read whole. Counting the first as read put Qwen2.5-Coder-1.5B's int4 floor
     # 233 MB too low, below the speed the runtime reached.
     from benchmarks.peers import looked_up_bytes
-    from kzoo import data
-    from kzoo import models
     from kzoo.export import litertlm
     from kzoo.export.tflite import quantize
+    from tests.export.test_litertlm_int4 import tiny_lm
 
-    backbone = models.DecoderBackbone(
-        vocabulary_size=128,
-        num_layers=1,
-        num_heads=2,
-        num_key_value_heads=1,
-        hidden_dim=64,
-        intermediate_dim=128,
-        max_sequence_length=32,
-        tie_embeddings=tied,
-    )
-    lm = models.CausalLM(backbone, tokenizer=data.character_tokenizer(128))
+    lm = tiny_lm(64, tie_embeddings=tied)
     float32 = litertlm.bundle_model(litertlm.RuntimeSignatures(lm, 32), "tflite_fp32")
     int8 = quantize.quantize(float32, quantize.INT8)
     assert looked_up_bytes(int8) == (0 if tied else 128 * 64)  # the int8 table, once

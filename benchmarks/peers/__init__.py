@@ -129,10 +129,11 @@ def bundle_contents(path):
 
     from kzoo.export import litertlm_model
 
+    found = litertlm_model.read_sections(path)
     sections = [
-        {"type": data_type, "model": model_type, "bytes": end - begin}
-        for data_type, model_type, begin, end in litertlm_model.read_sections(path)
+        {"type": data_type, "model": model_type, "bytes": end - begin} for data_type, model_type, begin, end in found
     ]
+    ((model_begin, model_end),) = [(begin, end) for data_type, _, begin, end in found if data_type == "TFLiteModel"]
     metadata = litertlm_model.read_metadata(path)
 
     def token(union):
@@ -141,7 +142,7 @@ def bundle_contents(path):
     return {
         "file_bytes": Path(path).stat().st_size,
         "sections": sections,
-        "looked_up_bytes": _looked_up_bytes_of(path),
+        "looked_up_bytes": _looked_up_bytes_of(path, model_begin, model_end),
         "max_num_tokens": metadata.max_num_tokens,
         "start_token": token(metadata.start_token) if metadata.HasField("start_token") else None,
         "stop_tokens": [token(union) for union in metadata.stop_tokens],
@@ -150,13 +151,11 @@ def bundle_contents(path):
     }
 
 
-def _looked_up_bytes_of(path):
-    """`looked_up_bytes` of the bundle `path`'s TFLite model, read through a mapping (1.5 GB at 1.5B)."""
+def _looked_up_bytes_of(path, begin, end):
+    """`looked_up_bytes` of the TFLite model at bytes `begin:end` of the bundle `path`, read
+    through a mapping (1.5 GB at 1.5B)."""
     import mmap
 
-    from kzoo.export import litertlm_model
-
-    ((begin, end),) = [(b, e) for kind, _, b, e in litertlm_model.read_sections(path) if kind == "TFLiteModel"]
     with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
         view = memoryview(mapped)[begin:end]
         try:

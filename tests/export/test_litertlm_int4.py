@@ -21,7 +21,7 @@ from tests.export.test_quantization import q8_0
 CACHE_LENGTH = 64  # the model's whole table: quality over 64 positions
 
 
-def tiny_lm(hidden_dim, intermediate_dim=128):
+def tiny_lm(hidden_dim, intermediate_dim=128, tie_embeddings=True):
     backbone = models.DecoderBackbone(
         vocabulary_size=128,
         num_layers=2,
@@ -30,6 +30,7 @@ def tiny_lm(hidden_dim, intermediate_dim=128):
         hidden_dim=hidden_dim,
         intermediate_dim=intermediate_dim,
         max_sequence_length=64,
+        tie_embeddings=tie_embeddings,
     )
     return models.CausalLM(backbone, tokenizer=data.character_tokenizer(128))
 
