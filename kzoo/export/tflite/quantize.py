@@ -45,8 +45,8 @@ QUANTIZATIONS = {
 # reused, not mapped and faulted in afresh by every operation (which took most of its time).
 _CHUNK_VALUES = 1 << 18
 
-# The share of a weight's blocks whose codes `_source_blocks` may round (a step at most) where no
-# shift makes them recoverable exactly.
+# The share of the blocks `_source_blocks` fits at a time (a chunk of a weight's rows, `_row_chunks`)
+# whose codes it may round (a step at most) where no shift makes them recoverable exactly.
 _MOST_UNRECOVERABLE = 1e-3
 
 # The names the int4 recipe picks ops by (`graph_passes.split_fully_connected` and
@@ -157,7 +157,8 @@ def source_blocks(weights, tolerance=1e-5):
     LiteRT's int4 blocks store it; `weights` then move by at most 8 x 2^-8 of a step); each
     block's c are shifted so that ai-edge-quantizer's recovery (the smallest gap between the
     block's magnitudes, 0 included) finds a step that divides them all. Where no shift does (a
-    block in a thousand at most), the block's c are rounded to even integers: a step off at most."""
+    block in a thousand of each chunk of rows at most), the block's c are rounded to even
+    integers: a step off at most."""
     parts = _source_block_parts(weights, tolerance)
     return None if parts is None else (_codes(*parts[:2]), parts[2], INT4_BLOCK)
 
