@@ -10,6 +10,11 @@ tokens after it at batch 1 (no stop token, so every run makes the same number):
   proposed draft tokens, `SpeculativeStats`).
 - kzoo's compiled decode step (`step_ms`): the target's at 1 and at k + 1 positions, the draft's
   at 1, which is what a round costs.
+- with `--bfloat16-target`, also the target loaded in bfloat16 checking the same drafts in
+  TensorFlow's graph, the draft's calls compiled with XLA (`jit_compile="draft"`), where
+  oneDNN's bfloat16 product (AMX where the CPU has it) reads a weight once for every
+  position checked; its outputs are checked against its own greedy output
+  (`speculative_bfloat16_target`, and its check's step in `step_ms`).
 - transformers (torch, CPU): the target's `generate(do_sample=False)` alone and with
   `assistant_model=` (its assisted generation, default schedule), on the same prompt ids.
 
@@ -17,7 +22,8 @@ Each library runs in a fresh process of its own, one after the other (together t
 fit beside each other in memory at 1.5B); within one, the calls alternate after a warm-up call
 each (compilation), and each speed is the new tokens of `--rounds` rounds over their seconds.
 
-    python -m benchmarks.speculative [--new-tokens 128] [--draft-tokens 3,4,6] [--rounds 2] [--out record.json]
+    python -m benchmarks.speculative [--new-tokens 128] [--draft-tokens 3,4,6] [--rounds 2] [--bfloat16-target]
+        [--out record.json]
 """
 
 import argparse
@@ -36,10 +42,11 @@ PROMPTS = (
 )
 
 
-def kzoo_runs(target_path, draft_path, prompts, new_tokens, draft_lengths, rounds):
+def kzoo_runs(target_path, draft_path, prompts, new_tokens, draft_lengths, rounds, bfloat16_target=False):
     """kzoo's record: the prompts' ids, the target's speed alone, each draft length's speed, speed-up
-    and acceptance rate (`speculative`), the step costs (`step_ms`), and the greedy outputs and
-    replies. Raises AssertionError if a speculative output is not the target's own."""
+    and acceptance rate (`speculative`, and `speculative_bfloat16_target` where asked), the step
+    costs (`step_ms`), and the greedy outputs and replies. Raises AssertionError if a speculative
+    output is not its target's own."""
     import kzoo
     from kzoo.models.decoder import speculative
 
@@ -52,37 +59,56 @@ def kzoo_runs(target_path, draft_path, prompts, new_tokens, draft_lengths, round
         calls[k] = lambda prompt, k=k: speculative.generate(
             target, [prompt], draft_model=draft, draft_tokens=k, max_new_tokens=new_tokens
         )
+    half = kzoo.models.CausalLM.from_preset(target_path, dtype="bfloat16") if bfloat16_target else None
+    for k in draft_lengths if half else ():
+        calls[f"bfloat16_{k}"] = lambda prompt, k=k: speculative.generate(
+            half, [prompt], draft_model=draft, draft_tokens=k, max_new_tokens=new_tokens, jit_compile="draft"
+        )
     seconds, accepted, proposed, outputs, differ = greedy_runs(calls, ids, rounds)
+    if half:  # the bfloat16 target's outputs are checked against its own greedy output
+        own = {tuple(p): half.generate([p], max_new_tokens=new_tokens, jit_compile=False) for p in ids}
+        wrong = [k for k in draft_lengths if any(outputs[(f"bfloat16_{k}", p)] != own[p] for p in own)]
+        if wrong:
+            raise AssertionError(f"draft_tokens={wrong}: not the bfloat16 target's own greedy output")
+        differ = [name for name in differ if not str(name).startswith("bfloat16_")]
     if differ:
         raise AssertionError(f"draft_tokens={differ}: the speculative output is not the target's greedy output")
     alone = new_tokens * len(ids) * rounds / seconds["alone"]
     record = {"prompt_ids": ids, "alone_tokens_per_second": alone, "speculative": {}}
-    for k in draft_lengths:
-        speed = new_tokens * len(ids) * rounds / seconds[k]
-        record["speculative"][str(k)] = {
-            "tokens_per_second": speed,
-            "speedup": speed / alone,
-            "acceptance_rate": accepted[k] / max(1, proposed[k]),
-        }
-    record["step_ms"] = step_times(target, draft, max(draft_lengths) + 1)
+    for prefix, group in (("", "speculative"), ("bfloat16_", "speculative_bfloat16_target")):
+        for k in draft_lengths if group == "speculative" or half else ():
+            name = f"{prefix}{k}" if prefix else k
+            speed = new_tokens * len(ids) * rounds / seconds[name]
+            record.setdefault(group, {})[str(k)] = {
+                "tokens_per_second": speed,
+                "speedup": speed / alone,
+                "acceptance_rate": accepted[name] / max(1, proposed[name]),
+            }
+    if half:
+        record["bfloat16_target_same_tokens_as_float32"] = [own[tuple(p)] == outputs[("alone", tuple(p))] for p in ids]
+    record["step_ms"] = step_times(target, draft, max(draft_lengths) + 1, half)
     record["outputs"] = [outputs[("alone", tuple(p))][0] for p in ids]
     record["replies"] = [target.tokenizer.detokenize(tokens[len(p) :]) for tokens, p in zip(record["outputs"], ids)]
     return record
 
 
-def step_times(target, draft, tokens, repeats=5):
+def step_times(target, draft, tokens, bfloat16_target=None, repeats=5):
     """Median ms of one compiled `decode` call at position 64 of a 256-slot cache: the target's
-    at 1 and at `tokens` positions (what checking a draft costs), the draft's at 1. A round of
-    k proposals costs k draft steps and one target step of k + 1 positions."""
+    at 1 and at `tokens` positions (what checking a draft costs), the draft's at 1, and where
+    given the bfloat16 target's at `tokens` positions in TensorFlow's graph. A round of k
+    proposals costs k draft steps and one target step of k + 1 positions."""
     import tensorflow as tf
 
     from benchmarks.common import median_time
 
     times = {}
-    for name, lm, count in (("target_1", target, 1), (f"target_{tokens}", target, tokens), ("draft_1", draft, 1)):
+    steps = [("target_1", target, 1, True), (f"target_{tokens}", target, tokens, True), ("draft_1", draft, 1, True)]
+    if bfloat16_target is not None:
+        steps.append((f"bfloat16_target_graph_{tokens}", bfloat16_target, tokens, False))
+    for name, lm, count, xla in steps:
         ids = tf.fill([1, count], 7)
         _, state = lm.prefill(tf.fill([1, 64], 7), 256)
-        step = tf.function(lambda t, s: lm.decode(t, s, 64, last_only=False)[0], jit_compile=True)
+        step = tf.function(lambda t, s: lm.decode(t, s, 64, last_only=False)[0], jit_compile=xla)
         step(ids, state)
         times[name] = 1000 * median_time(lambda: step(ids, state).numpy(), repeats)
     return times
@@ -131,6 +157,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--prompts", type=int, default=len(PROMPTS), help="how many of the code prompts")
     parser.add_argument("--no-transformers", action="store_true", help="kzoo alone")
+    parser.add_argument("--bfloat16-target", action="store_true", help='also a bfloat16 target (jit_compile="draft")')
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     paths = {name: fetch.path(name) for name in (TARGET, DRAFT)}
@@ -141,7 +168,14 @@ def main():
     prompts = list(PROMPTS[: args.prompts])
     wait_for_quiet(limit_seconds=30)
     ours = in_fresh_process(
-        kzoo_runs, str(paths[TARGET]), str(paths[DRAFT]), prompts, args.new_tokens, lengths, args.rounds
+        kzoo_runs,
+        str(paths[TARGET]),
+        str(paths[DRAFT]),
+        prompts,
+        args.new_tokens,
+        lengths,
+        args.rounds,
+        args.bfloat16_target,
     )
     results = {"target": TARGET, "draft": DRAFT, "new_tokens": args.new_tokens, "rounds": args.rounds, "kzoo": ours}
     if not args.no_transformers:
@@ -149,7 +183,8 @@ def main():
         theirs = in_fresh_process(
             transformers_runs, str(paths[TARGET]), str(paths[DRAFT]), ours["prompt_ids"], args.new_tokens, args.rounds
         )
-        best = max(ours["speculative"].values(), key=lambda run: run["tokens_per_second"])
+        runs = [*ours["speculative"].values(), *ours.get("speculative_bfloat16_target", {}).values()]
+        best = max(runs, key=lambda run: run["tokens_per_second"])
         results["transformers"] = theirs
         results["kzoo_speculative_over_transformers_assisted"] = (
             best["tokens_per_second"] / theirs["assisted_tokens_per_second"]

@@ -75,6 +75,26 @@ def test_xla_gives_the_same_tokens(target, draft):
     assert target.generate([prompt], max_length=LENGTH, draft_model=draft) == expected
 
 
+def test_draft_steps_alone_compiled_with_xla_give_the_same_tokens(target, draft, monkeypatch):
+    """`jit_compile="draft"`: the draft's prefill and steps traced inside XLA computations, the target's
+    check and its prefills in the TensorFlow graph around it, and still the target's tokens."""
+    from kzoo.ops import _fusion
+
+    modes = {"target": set(), "draft": set()}
+    for name, lm in (("target", target), ("draft", draft)):
+
+        def decode(*args, lm=lm, name=name, **kwargs):
+            modes[name].add(_fusion.execution_mode())
+            return type(lm).decode(lm, *args, **kwargs)
+
+        monkeypatch.setattr(lm, "decode", decode)
+    expected = target.generate([SEVEN_TOKENS], max_length=LENGTH, jit_compile=False)
+    modes["target"].clear()
+    ids, stats = speculate(target, SEVEN_TOKENS, draft_model=draft, draft_tokens=3, jit_compile="draft")
+    assert ids == expected and stats.proposed > 0
+    assert modes == {"target": {"graph"}, "draft": {"xla"}}
+
+
 def test_stops_at_the_first_stop_token_the_target_emits(target, draft):
     prompt = [7]  # the greedy test's: `plain` is not traced again
     plain = target.generate([prompt], max_length=LENGTH, jit_compile=False)[0]
@@ -251,6 +271,12 @@ def test_bad_drafts_are_refused_naming_the_argument(target, draft):
             target.generate(prompt, max_new_tokens=4, draft_model=draft, draft_tokens=bad)
     with pytest.raises(ValueError, match=r"`draft_tokens` needs a `draft_model`"):
         target.generate(prompt, max_new_tokens=4, draft_tokens=4)
+    with pytest.raises(ValueError, match=r'`jit_compile` must be True, False or "draft"; received \'xla\''):
+        target.generate(prompt, max_new_tokens=4, draft_model=draft, jit_compile="xla")
+    with pytest.raises(ValueError, match=r'`jit_compile="draft"` compiles a draft model\'s steps; a PromptLookup'):
+        target.generate(prompt, max_new_tokens=4, draft_model=kzoo.models.PromptLookup(), jit_compile="draft")
+    with pytest.raises(ValueError, match=r"`jit_compile` must be True or False without a `draft_model`; .*'draft'"):
+        target.generate(prompt, max_new_tokens=4, jit_compile="draft")
 
 
 def test_tokenizers_must_match():

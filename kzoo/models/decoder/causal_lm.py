@@ -170,7 +170,9 @@ class CausalLM(Task):
                 `kzoo.samplers.Sampler` (e.g. `TopKSampler(k=10, seed=0)`).
             stop_token_ids: ids that end a row (e.g. the end-of-text id);
                 later slots of that row stay padding.
-            jit_compile: bool, compile the loop with XLA (TensorFlow).
+            jit_compile: bool, compile the loop with XLA (TensorFlow); with a
+                `draft_model`, also "draft": only the draft's steps compiled with XLA
+                (`kzoo.models.decoder.speculative.generate`).
             draft_model: None, or a smaller `CausalLM` with the same vocabulary (and
                 tokenizer) for speculative decoding (`kzoo.models.decoder.speculative`): it
                 proposes `draft_tokens` tokens, this model checks them in one step, and the
@@ -227,6 +229,8 @@ class CausalLM(Task):
             return outputs
         if draft_tokens is not None:
             raise ValueError(f"`draft_tokens` needs a `draft_model`; received draft_tokens={draft_tokens!r} alone.")
+        if jit_compile is not True and jit_compile is not False:
+            raise ValueError(f"`jit_compile` must be True or False without a `draft_model`; received {jit_compile!r}.")
         return generation.generate(
             self,
             prompts,
@@ -292,7 +296,7 @@ class CausalLM(Task):
             max_new_tokens: None (up to `CHAT_REPLY_TOKENS`, as the context allows) or an int
                 >= 1, the longest reply.
             sampler: as in `generate`.
-            jit_compile: bool, as in `generate`.
+            jit_compile: as in `generate`.
             draft_model, draft_tokens: speculative decoding, as in `generate`.
             **template_variables: other variables of the template (e.g. `enable_thinking`).
 

@@ -19,7 +19,8 @@ in which `PromptLookup` finds nothing to copy runs the target on one position in
   Chen et al., 2023). A copied proposal is a q that puts all its mass on it: accepted with
   probability p(x), else the next token is drawn from p without x.
 
-The whole generation is one compiled `while_loop`, both caches inside it. The caches are
+The whole generation is one compiled `while_loop`, both caches inside it (with
+`jit_compile="draft"`, a TensorFlow graph whose draft steps are compiled with XLA). The caches are
 indexed by position and a causal query at position t attends to slots <= t only, so slots
 written by rejected proposals need no rollback: they are written again before any query
 reads them. Batch size 1 only: each row of a batch would accept a count of its own.
@@ -167,7 +168,14 @@ def generate(
             where both have one) and a context as long as `max_length`, or a `PromptLookup`.
         draft_tokens: None (`DEFAULT_DRAFT_TOKENS`, 4) or an int in [1, 64]: the most tokens
             proposed per round, clamped to the new tokens asked.
-        max_length, max_new_tokens, stop_token_ids, jit_compile: as in `CausalLM.generate`.
+        max_length, max_new_tokens, stop_token_ids: as in `CausalLM.generate`.
+        jit_compile: True (the whole loop compiled with XLA), False (a TensorFlow graph), or
+            "draft": a TensorFlow graph whose draft-model calls are compiled with XLA, so
+            that the target checks its k + 1 positions with TensorFlow's own matrix
+            products. Those read the weights once for all k + 1 rows where XLA's CPU
+            product reads them about twice; with a bfloat16 target on a CPU with AMX a
+            check costs about one step (BENCHMARKS.md, "Speculative decoding on an AMX
+            host"). Not with `PromptLookup`, which has no draft steps.
         sampler: "greedy", "random", "top_k", "top_p" or such a `kzoo.samplers.Sampler`
             (not beam search).
 
@@ -186,6 +194,8 @@ def generate(
     """
     check_draft_model(target, draft_model)
     draft_tokens = check_draft_tokens(draft_tokens)
+    lookup = isinstance(draft_model, PromptLookup)
+    check_jit_compile(jit_compile, lookup)
     sampler, stop = generation.resolve(sampler, stop_token_ids)
     if isinstance(sampler, samplers_lib.BeamSampler):
         raise ValueError(
@@ -202,7 +212,6 @@ def generate(
             f"`draft_model` supports batch size 1 only (each row would accept a count of its own); "
             f"received {batch} prompts. Generate them one at a time."
         )
-    lookup = isinstance(draft_model, PromptLookup)
     draft_limit = None if lookup else draft_model.backbone.max_sequence_length
     if draft_limit is not None and draft_limit < length:
         raise ValueError(
@@ -224,10 +233,19 @@ def generate(
 
         def run(token_ids, prompt_mask, stop_token_ids, noise):
             return speculative_loop(
-                target_ref(), draft_ref(), sampler, token_ids, prompt_mask, prefill, k, stop_token_ids, noise
+                target_ref(),
+                draft_ref(),
+                sampler,
+                token_ids,
+                prompt_mask,
+                prefill,
+                k,
+                stop_token_ids,
+                noise,
+                compile_draft=jit_compile == "draft",
             )
 
-        functions[key] = generation.compile_function(run, jit_compile)
+        functions[key] = generation.compile_function(run, jit_compile is True)
     # One slot past the end, so that every round reads a window of k + 1 positions.
     padded_ids = np.pad(token_ids, ((0, 0), (0, 1)))
     padded_mask = np.pad(prompt_mask, ((0, 0), (0, 1)))
@@ -240,7 +258,9 @@ def generate(
     return outputs, SpeculativeStats(proposed, accepted, steps, k)
 
 
-def speculative_loop(target, draft, sampler, token_ids, prompt_mask, prefill, draft_tokens, stop_token_ids, noise):
+def speculative_loop(
+    target, draft, sampler, token_ids, prompt_mask, prefill, draft_tokens, stop_token_ids, noise, compile_draft=False
+):
     """Prefills both models with the first `prefill` positions, then decodes the rest in rounds.
 
     Positions `< n` are committed; the target's cache holds them up to `n - 2`, the draft's
@@ -260,6 +280,8 @@ def speculative_loop(target, draft, sampler, token_ids, prompt_mask, prefill, dr
         draft_tokens: int k in [1, L - 1].
         stop_token_ids: int `(N,)`, possibly empty.
         noise: uniform `(L, 2k + 1)`.
+        compile_draft: compile the draft's prefill and each round's draft steps with XLA
+            (`jit_compile="draft"`), when the loop itself is traced as a TensorFlow graph.
 
     Returns:
         `(token_ids (1, L + 1), generated (1, L + 1) bool, counts (3,))`, counts being the
@@ -269,8 +291,18 @@ def speculative_loop(target, draft, sampler, token_ids, prompt_mask, prefill, dr
     length = token_ids.shape[1] - 1
     greedy = isinstance(sampler, samplers_lib.GreedySampler)
     lookup = isinstance(draft, PromptLookup)
+
+    def draft_prefill(token_ids):
+        return draft.prefill(token_ids[:, :prefill], length, last_only=True)[1]
+
+    def draft_proposals(token_ids, s, window, forced, u, draft_state):
+        return _draft_model_proposals(draft, sampler, token_ids, s, k, window, forced, u, draft_state)
+
+    if compile_draft:
+        draft_prefill = generation.compile_function(draft_prefill, True)
+        draft_proposals = generation.compile_function(draft_proposals, True)
     _, target_state = target.prefill(token_ids[:, :prefill], length, last_only=True)
-    draft_state = () if lookup else draft.prefill(token_ids[:, :prefill], length, last_only=True)[1]
+    draft_state = () if lookup else draft_prefill(token_ids)
     offsets = ops.arange(k + 1, dtype="int32")
     vocabulary_size = target.backbone.vocabulary_size
 
@@ -292,9 +324,7 @@ def speculative_loop(target, draft, sampler, token_ids, prompt_mask, prefill, dr
             # All of q's mass on the copied token (none where nothing was copied).
             q = None if greedy else ops.one_hot(proposals, vocabulary_size) * ops.cast(proposed, "float32")[:, None]
         else:
-            proposals, q, draft_state = _draft_model_proposals(
-                draft, sampler, token_ids, s, k, window, forced, u, draft_state
-            )
+            proposals, q, draft_state = draft_proposals(token_ids, s, window, forced, u, draft_state)
             proposed = ops.logical_not(forced[:k])
 
         # The target: its predictions for the k + 1 positions after s in one step.
@@ -462,6 +492,18 @@ def _tokens(tokenizer):
     if isinstance(vocabulary, dict):
         return sorted(vocabulary, key=vocabulary.get)
     return list(vocabulary)
+
+
+def check_jit_compile(jit_compile, lookup):
+    """Raises ValueError unless `jit_compile` is True, False or "draft" (not with a `PromptLookup`)."""
+    if jit_compile is True or jit_compile is False:
+        return
+    if jit_compile != "draft":
+        raise ValueError(f'`jit_compile` must be True, False or "draft"; received {jit_compile!r}.')
+    if lookup:
+        raise ValueError(
+            '`jit_compile="draft"` compiles a draft model\'s steps; a PromptLookup has none: use True or False.'
+        )
 
 
 def check_draft_tokens(draft_tokens):
