@@ -13,8 +13,10 @@ tokens after it at batch 1 (no stop token, so every run makes the same number):
 - with `--bfloat16-target`, also the target loaded in bfloat16 checking the same drafts in
   TensorFlow's graph, the draft's calls compiled with XLA (`jit_compile="draft"`), where
   oneDNN's bfloat16 product (AMX where the CPU has it) reads a weight once for every
-  position checked; its outputs are checked against its own greedy output
-  (`speculative_bfloat16_target`, and its check's step in `step_ms`).
+  position checked (`speculative_bfloat16_target`, and its check's step in `step_ms`). Its
+  outputs are compared with its own greedy output, not required equal: bfloat16 rounds a
+  check of k + 1 positions otherwise than a step of one, so a near-tie may go either way
+  (`first_difference_from_own`: per prompt, the first new token that differs, or None).
 - transformers (torch, CPU): the target's `generate(do_sample=False)` alone and with
   `assistant_model=` (its assisted generation, default schedule), on the same prompt ids.
 
@@ -65,11 +67,8 @@ def kzoo_runs(target_path, draft_path, prompts, new_tokens, draft_lengths, round
             half, [prompt], draft_model=draft, draft_tokens=k, max_new_tokens=new_tokens, jit_compile="draft"
         )
     seconds, accepted, proposed, outputs, differ = greedy_runs(calls, ids, rounds)
-    if half:  # the bfloat16 target's outputs are checked against its own greedy output
+    if half:  # compared with the bfloat16 target's own greedy output below, not required equal
         own = {tuple(p): half.generate([p], max_new_tokens=new_tokens, jit_compile=False) for p in ids}
-        wrong = [k for k in draft_lengths if any(outputs[(f"bfloat16_{k}", p)] != own[p] for p in own)]
-        if wrong:
-            raise AssertionError(f"draft_tokens={wrong}: not the bfloat16 target's own greedy output")
         differ = [name for name in differ if not str(name).startswith("bfloat16_")]
     if differ:
         raise AssertionError(f"draft_tokens={differ}: the speculative output is not the target's greedy output")
@@ -86,10 +85,26 @@ def kzoo_runs(target_path, draft_path, prompts, new_tokens, draft_lengths, round
             }
     if half:
         record["bfloat16_target_same_tokens_as_float32"] = [own[tuple(p)] == outputs[("alone", tuple(p))] for p in ids]
+        for k in draft_lengths:
+            record["speculative_bfloat16_target"][str(k)]["first_difference_from_own"] = [
+                first_difference(outputs[(f"bfloat16_{k}", tuple(p))][0][len(p) :], own[tuple(p)][0][len(p) :])
+                for p in ids
+            ]
     record["step_ms"] = step_times(target, draft, max(draft_lengths) + 1, half)
     record["outputs"] = [outputs[("alone", tuple(p))][0] for p in ids]
     record["replies"] = [target.tokenizer.detokenize(tokens[len(p) :]) for tokens, p in zip(record["outputs"], ids)]
     return record
+
+
+def first_difference(tokens, reference):
+    """The first index where two token lists differ (None where they are equal).
+
+    >>> first_difference([1, 2, 3], [1, 5, 3]), first_difference([1, 2], [1, 2])
+    (1, None)
+    """
+    if tokens == reference:
+        return None
+    return next((i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b), min(len(tokens), len(reference)))
 
 
 def step_times(target, draft, tokens, bfloat16_target=None, repeats=5):

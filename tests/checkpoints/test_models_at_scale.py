@@ -11,11 +11,13 @@ import json
 import subprocess
 import sys
 
+import keras
 import numpy as np
 import pytest
 
 import kzoo
 from kzoo.checkpoints import fetch
+from kzoo.models.decoder import speculative
 from kzoo.tokenizers import packing
 
 pytestmark = pytest.mark.slow
@@ -102,3 +104,34 @@ def test_greedy_continuations_of_64_tokens_equal_transformers(pair):
         ids = reference[f"ids_{i}"].tolist()
         row = lm.generate([ids], max_new_tokens=NEW_TOKENS, stop_token_ids=stops)[0]
         assert row[len(ids) :] == reference[f"greedy_{i}"].tolist(), str(reference["rendered"][i])
+
+
+@pytest.mark.parametrize("dtype, jit_compile", [("float32", True), ("bfloat16", "draft")])
+def test_the_05b_drafting_for_the_15b_gives_the_15bs_own_greedy_tokens(dtype, jit_compile):
+    """The real pair of issue 42: Qwen2.5-Coder-0.5B-Instruct (float32) drafting for the 1.5B, all
+    under XLA, and for a bfloat16 1.5B checking in TensorFlow's graph (`jit_compile="draft"`).
+
+    In float32, the 1.5B's own greedy tokens. In bfloat16, a check of 5 positions rounds otherwise
+    than a step of one (on a CPU with AMX, another kernel), so where two logits are within its
+    rounding the two may pick either (on this prompt, 2026-12-02: "num" or "number", tied to the
+    last bit of the 1.5B's logits over the whole sequence). So there every token must be a
+    greedy pick of the 1.5B's logits over the whole sequence within two bfloat16 steps of the
+    largest, where a wrongly accepted proposal lies nats below it."""
+    target = kzoo.models.CausalLM.from_preset(model_path("qwen2.5-coder-1.5b-instruct"), dtype=dtype)
+    draft = kzoo.models.CausalLM.from_preset(model_path("qwen2.5-coder-0.5b-instruct"))
+    messages = [{"role": "user", "content": CHATS["code"][0]}]
+    prompt = target.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    ids, stats = speculative.generate(
+        target, [prompt], draft_model=draft, max_new_tokens=32, stop_token_ids=None, jit_compile=jit_compile
+    )
+    assert stats.acceptance_rate > 0.5
+    if dtype == "float32":
+        assert ids == target.generate([prompt], max_new_tokens=32, stop_token_ids=None)
+        return
+    x = np.array([ids[0][:-1]], "int32")
+    logits = target({"token_ids": x, "padding_mask": np.ones_like(x)})
+    logits = np.asarray(keras.ops.convert_to_numpy(keras.ops.cast(logits, "float32")))[0, len(prompt) - 1 :]
+    tokens = np.array(ids[0][len(prompt) :])
+    largest = logits.max(axis=-1)
+    step = 2.0 ** (np.floor(np.log2(np.abs(largest))) - 7)  # bfloat16's spacing there (8 significant bits)
+    assert np.all(largest - logits[np.arange(len(tokens)), tokens] <= 2 * step)

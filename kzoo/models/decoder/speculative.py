@@ -174,8 +174,10 @@ def generate(
             that the target checks its k + 1 positions with TensorFlow's own matrix
             products. Those read the weights once for all k + 1 rows where XLA's CPU
             product reads them about twice; with a bfloat16 target on a CPU with AMX a
-            check costs about one step (BENCHMARKS.md, "Speculative decoding on an AMX
-            host"). Not with `PromptLookup`, which has no draft steps.
+            check costs about one step (BENCHMARKS.md, "On an AMX host"). A bfloat16
+            target rounds a check of k + 1 positions otherwise than a step of one, so
+            where two of its logits are within that rounding the output may take the
+            other one. Not with `PromptLookup`, which has no draft steps.
         sampler: "greedy", "random", "top_k", "top_p" or such a `kzoo.samplers.Sampler`
             (not beam search).
 
