@@ -214,6 +214,31 @@ def test_sampling_keeps_the_targets_distribution(sampler, lookup):
         assert chi_square_p_value(counts, q) < 1e-6
 
 
+def test_sampling_with_the_draft_under_xla_draws_as_the_graph_does():
+    """`jit_compile="draft"` with a sampler: the draft's draws and distributions computed inside
+    its XLA calls, the acceptance tests outside; the same noise (a seeded sampler) gives the
+    tokens and counts the graph loop gives, over several seeds with both acceptances and
+    rejections."""
+    target, draft = tiny_lm(1), tiny_lm(2)
+    proposed = accepted = 0
+    for seed in range(4):
+        runs = [
+            speculative.generate(
+                target,
+                [[3]],
+                draft_model=draft,
+                draft_tokens=2,
+                max_new_tokens=6,
+                sampler=samplers.RandomSampler(seed=seed),
+                jit_compile=jit_compile,
+            )
+            for jit_compile in (False, "draft")
+        ]
+        assert runs[0] == runs[1]
+        proposed, accepted = proposed + runs[0][1].proposed, accepted + runs[0][1].accepted
+    assert 0 < accepted < proposed
+
+
 def chatml_tokenizer(eos_token="<|im_end|>"):
     backend = tokenizer_files.byte_level_tokenizer("gpt2", 300)
     backend.add_special_tokens(["<|im_start|>", "<|im_end|>"])
