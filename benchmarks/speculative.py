@@ -47,8 +47,8 @@ PROMPTS = (
 def kzoo_runs(target_path, draft_path, prompts, new_tokens, draft_lengths, rounds, bfloat16_target=False):
     """kzoo's record: the prompts' ids, the target's speed alone, each draft length's speed, speed-up
     and acceptance rate (`speculative`, and `speculative_bfloat16_target` where asked), the step
-    costs (`step_ms`), and the greedy outputs and replies. Raises AssertionError if a speculative
-    output is not its target's own."""
+    costs (`step_ms`), and the greedy outputs and replies. Raises AssertionError if a float32
+    speculative output is not the target's own."""
     import kzoo
     from kzoo.models.decoder import speculative
 
@@ -73,12 +73,14 @@ def kzoo_runs(target_path, draft_path, prompts, new_tokens, draft_lengths, round
     if differ:
         raise AssertionError(f"draft_tokens={differ}: the speculative output is not the target's greedy output")
     alone = new_tokens * len(ids) * rounds / seconds["alone"]
-    record = {"prompt_ids": ids, "alone_tokens_per_second": alone, "speculative": {}}
-    for prefix, group in (("", "speculative"), ("bfloat16_", "speculative_bfloat16_target")):
-        for k in draft_lengths if group == "speculative" or half else ():
+    record = {"prompt_ids": ids, "alone_tokens_per_second": alone}
+    groups = {"speculative": ""} | ({"speculative_bfloat16_target": "bfloat16_"} if half else {})
+    for group, prefix in groups.items():
+        record[group] = {}
+        for k in draft_lengths:
             name = f"{prefix}{k}" if prefix else k
             speed = new_tokens * len(ids) * rounds / seconds[name]
-            record.setdefault(group, {})[str(k)] = {
+            record[group][str(k)] = {
                 "tokens_per_second": speed,
                 "speedup": speed / alone,
                 "acceptance_rate": accepted[name] / max(1, proposed[name]),
