@@ -239,12 +239,15 @@ CHATML = (
 )
 
 # Templates that never end: two nested loops of 100,000 (10^10 iterations), with and without a
-# call inside, and a loop over a list made once.
+# call inside, a loop over a list made once, and a recursive loop whose every level loops a
+# million times (the sandbox caps a range at 100,000, so two nested loops): so that no host
+# reaches the depth bound, 64, within the clock's second (at 100,000 a level, an AMX host did).
 ENDLESS = [
     "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}x",
     "{% for i in range(100000) %}{% for j in range(100000) %}{{ i ~ j }}{% endfor %}{% endfor %}",
     "{% set xs = range(100000) | list %}{% for i in xs %}{% for j in xs %}{% endfor %}{% endfor %}x",
-    "{% for x in [1, 2] recursive %}{% for y in range(100000) %}{% endfor %}{{ loop([1, 2]) }}{% endfor %}",
+    "{% for x in [1, 2] recursive %}{% for y in range(100000) %}{% for z in range(10) %}{% endfor %}{% endfor %}"
+    "{{ loop([1, 2]) }}{% endfor %}",
 ]
 
 
