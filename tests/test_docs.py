@@ -298,9 +298,13 @@ README_SETUP = {
 }
 # README blocks that cannot run here, keyed by a line of the block, with the reason.
 README_SKIPPED = {
-    'target.chat(question, draft_model=draft, jit_compile="draft")  # the bfloat16 1.5B\'s greedy reply': (
-        "needs both Qwen2.5-Coder files fetched and about 7 GB; tests/checkpoints/test_models_at_scale.py "
+    "target.chat(question, draft_model=draft) == target.chat(question)  # True: the 1.5B's own greedy reply": (
+        "needs both Qwen2.5-Coder files fetched and about 10 GB; tests/checkpoints/test_models_at_scale.py "
         "checks the pair's tokens (KZOO_SLOW=1)"
+    ),
+    'target.chat(question, draft_model=draft, jit_compile="draft")  # the bfloat16 1.5B\'s greedy reply': (
+        "needs both Qwen2.5-Coder files fetched and about 7 GB, and the first block's names; "
+        "tests/checkpoints/test_models_at_scale.py checks the pair's tokens (KZOO_SLOW=1)"
     ),
 }
 # What the README says a line gives, keyed by the line: a check of the value of its expression.
