@@ -20,6 +20,7 @@ from keras import ops
 
 from kzoo import config
 from kzoo import samplers as samplers_lib
+from kzoo.ops import checks
 
 # Compiled decode functions per model, keyed by shapes and sampler settings.
 _COMPILED = weakref.WeakKeyDictionary()
@@ -150,13 +151,24 @@ def prefill_length(prompt_mask):
     return 1 << (shortest.bit_length() - 1)
 
 
-def compile_function(fn, jit_compile):
-    """`tf.function` (with XLA if asked) under TensorFlow; elsewhere `fn` itself, its
-    arguments made tensors, where `ops.while_loop` compiles the loop body. Adds kzoo's
-    XLA options first (`kzoo.config.add_xla_flags`): without them XLA's CPU compiler
-    copies every KV cache twice per step."""
+def compile_function(fn, jit_compile, models=()):
+    """`fn` compiled for repeated calls, as each backend does it best.
+
+    Under TensorFlow, `tf.function` (with XLA if `jit_compile`). Under JAX with `jit_compile`
+    and the `models` whose weights `fn` reads, `jax.jit` with those weights as arguments
+    (Keras' `StatelessScope`): one compilation per shape, kept in JAX's persistent cache where
+    `KZOO_COMPILATION_CACHE` names a folder (`kzoo.config.use_compilation_cache`); weights that
+    change after it (fine-tuning) are read at each call. Elsewhere `fn` itself, its arguments
+    made tensors, where `ops.while_loop` compiles the loop body. The compiled code checks no
+    token id: the caller checks them on the host (`check_generate_arguments`), and the ids the
+    loop makes are in the vocabulary. Adds kzoo's XLA options first
+    (`kzoo.config.add_xla_flags`): without them XLA's CPU compiler copies every KV cache
+    twice per step."""
     config.add_xla_flags()
-    if keras.backend.backend() != "tensorflow":
+    backend = keras.backend.backend()
+    if backend == "jax" and jit_compile and models:
+        return _jax_function(fn, models)
+    if backend != "tensorflow":
         # `tf.function` makes tensors of NumPy arguments; elsewhere that is done here, because a
         # NumPy array cannot be indexed by the traced position of `ops.while_loop`'s body.
         return lambda *args: fn(*keras.tree.map_structure(ops.convert_to_tensor, args))
@@ -164,7 +176,51 @@ def compile_function(fn, jit_compile):
 
     # kzoo's layers are `keras.ops` code that also runs under `jax.jit`, so they need no
     # AutoGraph: converting them yields the same graph, only later (BENCHMARKS.md).
-    return tf.function(fn, jit_compile=jit_compile, autograph=False)
+    return tf.function(_ids_checked_by_caller(fn), jit_compile=jit_compile, autograph=False)
+
+
+def _ids_checked_by_caller(fn):
+    def traced(*args):
+        with checks.checked_by_caller():
+            return fn(*args)
+
+    return traced
+
+
+def _jax_function(fn, models):
+    """`fn` under `jax.jit`, the weights of `models` passed in, not baked into the program.
+
+    Closed over, each weight would be a constant of the compiled program (the whole model copied
+    into it, and compiled again for every new value); as arguments, a call reads the variables'
+    current values. Models are held weakly, as `generate`'s cache holds its functions."""
+    import jax
+
+    references = [weakref.ref(model) for model in models]
+    compiled = {}
+
+    def variables():
+        found = {}
+        for reference in references:
+            for variable in reference().variables:
+                found.setdefault(id(variable), variable)
+        return list(found.values())
+
+    def run(*args):
+        current = variables()
+        key = tuple(id(variable) for variable in current)
+        if key not in compiled:  # new variables (a quantized or rebuilt layer): a new program
+            compiled.clear()
+
+            def stateless(values, *args):
+                with keras.StatelessScope(state_mapping=list(zip(current, values))), checks.checked_by_caller():
+                    return fn(*args)
+
+            stateless.__name__ = stateless.__qualname__ = fn.__name__  # the program's name in JAX's logs and cache
+            compiled[key] = jax.jit(stateless)
+        values = [variable.value for variable in current]
+        return compiled[key](values, *keras.tree.map_structure(ops.convert_to_tensor, args))
+
+    return run
 
 
 def unpack(token_ids, generated, prompt_mask, ragged):
@@ -264,6 +320,6 @@ def generate(model, prompts, *, max_length, max_new_tokens, sampler, stop_token_
         def decode(token_ids, prompt_mask, stop_token_ids, noise, context):
             return decode_loop(model_ref(), sampler, token_ids, prompt_mask, prefill, stop_token_ids, noise, context)
 
-        functions[key] = compile_function(decode, jit_compile)
+        functions[key] = compile_function(decode, jit_compile, models=(model,))
     ids, generated = functions[key](token_ids, prompt_mask, stop, sampler.noise(length, batch), context or {})
     return unpack(ids, generated, prompt_mask, ragged)

@@ -1,7 +1,34 @@
 """Run-time checks that `keras.ops` cannot express: it has no assertion op."""
 
+import contextlib
+import contextvars
+
 import keras
 from keras import ops
+
+# Set while a caller that checked its ids on the host traces (`checked_by_caller`).
+_CHECKED_BY_CALLER = contextvars.ContextVar("kzoo_token_ids_checked_by_caller", default=False)
+
+
+@contextlib.contextmanager
+def checked_by_caller():
+    """Code traced within it makes no run-time check of its token ids (`check_token_ids` still
+    gives the mask): its caller checked them on the host. Generation does (its prompts, before
+    the compiled loop; the ids the loop samples are in the vocabulary by construction), and
+    under JAX the check's host callback would keep the loop out of the persistent compilation
+    cache and cost a host round trip per step.
+
+    Example:
+    >>> with checked_by_caller():
+    ...     ids, valid = check_token_ids(keras.ops.array([1, 7]), 5)
+    >>> keras.ops.convert_to_numpy(valid).tolist()
+    [True, False]
+    """
+    token = _CHECKED_BY_CALLER.set(True)
+    try:
+        yield
+    finally:
+        _CHECKED_BY_CALLER.reset(token)
 
 
 def check_token_ids(token_ids, vocabulary_size, name="token_ids"):
@@ -20,6 +47,8 @@ def check_token_ids(token_ids, vocabulary_size, name="token_ids"):
       `valid_mask`'s NaN rows, as under TensorFlow's XLA.
     - PyTorch: a plain Python check.
 
+    Traced within `checked_by_caller()`, none of these: the mask alone.
+
     Args:
         token_ids: integer tensor of any shape.
         vocabulary_size: int, the exclusive upper bound.
@@ -37,6 +66,8 @@ def check_token_ids(token_ids, vocabulary_size, name="token_ids"):
     """
     message = f"`{name}` must be in [0, {vocabulary_size}) (vocabulary_size={vocabulary_size})."
     valid = ops.logical_and(ops.greater_equal(token_ids, 0), ops.less(token_ids, vocabulary_size))
+    if _CHECKED_BY_CALLER.get():
+        return token_ids, valid
     backend = keras.backend.backend()
     if backend == "tensorflow":
         import tensorflow as tf

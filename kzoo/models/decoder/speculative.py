@@ -247,7 +247,8 @@ def generate(
                 compile_draft=jit_compile == "draft",
             )
 
-        functions[key] = generation.compile_function(run, jit_compile is True)
+        models = (target,) if lookup else (target, draft_model)
+        functions[key] = generation.compile_function(run, jit_compile is True, models=models)
     # One slot past the end, so that every round reads a window of k + 1 positions.
     padded_ids = np.pad(token_ids, ((0, 0), (0, 1)))
     padded_mask = np.pad(prompt_mask, ((0, 0), (0, 1)))

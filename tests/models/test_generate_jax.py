@@ -1,0 +1,97 @@
+"""`generate` under Keras' JAX backend: one `jax.jit` program per shape, the weights its arguments,
+kept between processes by the persistent compilation cache. Each test runs a fresh process under
+JAX (the suite's own runs under TensorFlow)."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("jax")
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+
+# Two tiny Llama-family decoders of one vocabulary (a target and a one-layer draft), and the
+# greedy continuation of a prompt as argmax over whole forward passes: the truth each generate
+# is checked against.
+SETUP = """
+import gc, json, weakref
+import jax, keras, numpy as np
+import kzoo
+from tests.models.tiny_models import decoder_backbone
+
+assert keras.backend.backend() == "jax"
+keras.utils.set_random_seed(0)
+target = kzoo.models.CausalLM(decoder_backbone("llama"))
+draft = kzoo.models.CausalLM(decoder_backbone("llama", layers=1))
+prompt = [3, 7, 1, 12, 5]
+
+def greedy(model, ids, new):
+    ids = list(ids)
+    for _ in range(new):
+        x = np.array([ids], "int32")
+        logits = model({"token_ids": x, "padding_mask": np.ones_like(x)})
+        ids.append(int(np.argmax(np.asarray(logits)[0, -1])))
+    return ids
+
+traces = []
+prefill = type(target).prefill
+target.prefill = lambda *args, **kwargs: (traces.append(1), prefill(target, *args, **kwargs))[1]
+"""
+
+
+def run_under_jax(script, environment=None):
+    env = {name: value for name, value in os.environ.items() if name not in ("XLA_FLAGS", "KZOO_COMPILATION_CACHE")}
+    env.update(KERAS_BACKEND="jax", PYTHONPATH=str(REPOSITORY), **(environment or {}))
+    result = subprocess.run(
+        [sys.executable, "-c", SETUP + textwrap.dedent(script)], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert result.returncode == 0, result.stderr[-5000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.e2e  # a fresh process under JAX, about 20 s on 2 cores
+def test_generate_compiles_once_reads_the_current_weights_and_lets_the_model_go():
+    result = run_under_jax(
+        """
+        want = greedy(target, prompt, 6)
+        first = target.generate([prompt], max_new_tokens=6)[0]
+        again = target.generate([prompt], max_new_tokens=6)[0]
+        traced_once = len(traces)
+        # New weights after compiling (as fine-tuning leaves them): the same program reads them.
+        rng = np.random.default_rng(1)
+        for variable in target.variables:
+            variable.assign(rng.normal(0, 0.5, variable.shape).astype(variable.dtype))
+        want_new = greedy(target, prompt, 6)
+        new = target.generate([prompt], max_new_tokens=6)[0]
+        speculative = target.generate([prompt], max_new_tokens=6, draft_model=draft)[0]
+        speculative_again = target.generate([prompt], max_new_tokens=6, draft_model=draft)[0]
+        # Traced within `checked_by_caller`, the embedding's id check leaves no host callback in
+        # the program (which JAX's persistent cache refuses); traced outside it, it does.
+        embedding = target.backbone.embedding
+        ids = np.array([[1, 2]], "int32")
+        plain = str(jax.make_jaxpr(lambda ids: embedding(ids))(ids))
+        with kzoo.ops.checks.checked_by_caller():  # a new function: JAX reuses the trace of one it has seen
+            checked = str(jax.make_jaxpr(lambda ids: embedding(ids))(ids))
+        reference = weakref.ref(target)
+        del target, prefill
+        gc.collect()
+        print(json.dumps(dict(
+            want=want, first=first, again=again, traced_once=traced_once, traces=len(traces),
+            want_new=want_new, new=new, speculative=speculative, speculative_again=speculative_again,
+            callback_without=("callback" in plain), callback_within=("callback" in checked),
+            freed=reference() is None)))
+        """
+    )
+    assert result["first"] == result["again"] == result["want"]
+    assert result["traced_once"] == 1  # the second call ran the compiled program, Python untouched
+    assert result["want_new"] != result["want"] and result["new"] == result["want_new"]
+    assert result["speculative"] == result["speculative_again"] == result["want_new"]
+    assert result["traces"] == 2  # generate's one (new weights, no new trace), the speculative loop's one
+    assert result["callback_without"] and not result["callback_within"]
+    assert result["freed"]
+
