@@ -18,7 +18,7 @@ from kzoo import logs
 # another backend the layers, models and Hugging Face loader run without TensorFlow installed.
 if config.keras_backend() == "tensorflow":
     logs.import_tensorflow()
-    config.use_compilation_cache()  # where KZOO_COMPILATION_CACHE names a folder
+config.use_compilation_cache()  # where KZOO_COMPILATION_CACHE names a folder
 
 from kzoo import layers  # noqa: E402
 from kzoo import models  # noqa: E402

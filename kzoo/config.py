@@ -11,6 +11,7 @@ values and gradients.
 """
 
 import hashlib
+import importlib
 import json
 import os
 import platform
@@ -54,50 +55,64 @@ COMPILATION_CACHE_VARIABLE = "KZOO_COMPILATION_CACHE"
 _CACHE_FLAG = "tf_xla_persistent_cache_directory"
 
 
-def compilation_cache(environ=os.environ, tensorflow_version=None, cpu_features=None):
+def compilation_cache(environ=os.environ, library_version=None, cpu_features=None, backend=None):
     """The folder of XLA's persistent compilation cache that kzoo uses, or None (the default).
 
     Compiling a generation loop with XLA is a large part of a fresh process's first reply. With
-    `KZOO_COMPILATION_CACHE` naming a folder, TensorFlow keeps each compiled executable there
-    (its `--tf_xla_persistent_cache_directory`, set by `use_compilation_cache`), and a later
-    process running the same function at the same shapes loads it instead of compiling it again
-    (tracing and lowering to XLA still run). The executables go to a subfolder named for the
-    TensorFlow version and a digest of the CPU's features: an executable is machine code for one
-    CPU, and one compiled elsewhere (AVX-512 code on an AVX2 host) or by another TensorFlow is
-    never read.
+    `KZOO_COMPILATION_CACHE` naming a folder, XLA keeps each compiled executable there (set by
+    `use_compilation_cache`: TensorFlow's `--tf_xla_persistent_cache_directory`, or JAX's
+    `jax_compilation_cache_dir` under Keras' JAX backend), and a later process running the same
+    function at the same shapes loads it instead of compiling it again (tracing and lowering
+    to XLA still run). The executables go to a subfolder named for the library and its version
+    and a digest of the CPU's features: an executable is machine code for one CPU, and one
+    compiled elsewhere (AVX-512 code on an AVX2 host) or by another release is never read.
 
     Args:
-        environ: where `KZOO_COMPILATION_CACHE` is read.
-        tensorflow_version, cpu_features: None for this process's TensorFlow and this host's
-            CPU features (the `flags` of /proc/cpuinfo); given, for another's.
+        environ: where `KZOO_COMPILATION_CACHE` (and `KERAS_BACKEND`) is read.
+        library_version, cpu_features: None for this process's TensorFlow (or JAX) and this
+            host's CPU features (the `flags` of /proc/cpuinfo); given, for another's.
+        backend: Keras' backend; None for the one it runs on (`keras_backend`).
 
     Example:
-    >>> compilation_cache({"KZOO_COMPILATION_CACHE": "/tmp/xla"}, "2.21.0", ["avx2", "fma"])
+    >>> compilation_cache({"KZOO_COMPILATION_CACHE": "/tmp/xla"}, "2.21.0", ["avx2", "fma"], "tensorflow")
     '/tmp/xla/tensorflow-2.21.0-cpu-340a4556249e'
+    >>> compilation_cache({"KZOO_COMPILATION_CACHE": "/tmp/xla"}, "0.10.2", ["avx2", "fma"], "jax")
+    '/tmp/xla/jax-0.10.2-cpu-340a4556249e'
     >>> compilation_cache({}) is None
     True
     """
     root = environ.get(COMPILATION_CACHE_VARIABLE)
-    if not root:
+    library = backend or keras_backend(environ)
+    if not root or library not in ("tensorflow", "jax"):  # PyTorch compiles no XLA
         return None
-    if tensorflow_version is None:
-        import tensorflow as tf
-
-        tensorflow_version = tf.__version__
+    if library_version is None:
+        library_version = importlib.import_module(library).__version__
     if cpu_features is None:
         cpu_features = host_cpu_features()
     digest = hashlib.sha256(" ".join(sorted(set(cpu_features))).encode()).hexdigest()[:12]
-    return os.path.join(os.path.expanduser(root), f"tensorflow-{tensorflow_version}-cpu-{digest}")
+    return os.path.join(os.path.expanduser(root), f"{library}-{library_version}-cpu-{digest}")
 
 
 def use_compilation_cache(environ=os.environ):
-    """Adds `compilation_cache()`'s folder to `TF_XLA_FLAGS` when `KZOO_COMPILATION_CACHE` is set
-    and `TF_XLA_FLAGS` names no cache folder of its own. `import kzoo` calls it: TensorFlow reads
-    `TF_XLA_FLAGS` once, when the process runs its first function, so a process that ran one
-    before `import kzoo` keeps no cache (generation is as correct, only compiled again)."""
+    """Points XLA at `compilation_cache()`'s folder when `KZOO_COMPILATION_CACHE` is set.
+
+    Under TensorFlow: adds the folder to `TF_XLA_FLAGS` unless they name a cache folder of
+    their own. `import kzoo` calls it: TensorFlow reads `TF_XLA_FLAGS` once, when the process
+    runs its first function, so a process that ran one before `import kzoo` keeps no cache
+    (generation is as correct, only compiled again). Under JAX: sets `jax_compilation_cache_dir`
+    unless the process set one (JAX keeps what takes at least
+    `jax_persistent_cache_min_compile_time_secs` to compile, a second by default)."""
     folder = compilation_cache(environ)
+    if folder is None:
+        return
+    if keras_backend(environ) == "jax":
+        import jax
+
+        if not jax.config.jax_compilation_cache_dir:
+            jax.config.update("jax_compilation_cache_dir", folder)
+        return
     flags = environ.get("TF_XLA_FLAGS", "").split()
-    if folder is None or any(flag.lstrip("-").startswith(_CACHE_FLAG) for flag in flags):
+    if any(flag.lstrip("-").startswith(_CACHE_FLAG) for flag in flags):
         return
     environ["TF_XLA_FLAGS"] = " ".join([*flags, f"--{_CACHE_FLAG}={folder}"])
 

@@ -23,6 +23,14 @@ def test_the_folder_is_named_for_the_tensorflow_version_and_the_cpu_features():
     assert config.compilation_cache({"KZOO_COMPILATION_CACHE": "~/c"}, "2.21.0", []).startswith(os.path.expanduser("~"))
 
 
+def test_jax_has_a_folder_of_its_own_and_pytorch_none():
+    environ = {"KZOO_COMPILATION_CACHE": "/cache"}
+    tensorflow = config.compilation_cache(environ, "2.21.0", ["fma", "avx2"], "tensorflow")
+    jax = config.compilation_cache(environ, "0.10.2", ["fma", "avx2"], "jax")
+    assert jax == "/cache/jax-0.10.2-cpu-" + tensorflow.rsplit("-", 1)[1]
+    assert config.compilation_cache(environ, "2.13.0", ["fma", "avx2"], "torch") is None
+
+
 @pytest.mark.parametrize("value", [None, ""])
 def test_without_a_folder_there_is_no_cache(value):
     environ = {"TF_XLA_FLAGS": "--tf_xla_auto_jit=1"}

@@ -95,3 +95,24 @@ def test_generate_compiles_once_reads_the_current_weights_and_lets_the_model_go(
     assert result["callback_without"] and not result["callback_within"]
     assert result["freed"]
 
+
+@pytest.mark.e2e  # two fresh processes under JAX
+def test_a_second_process_reads_the_generation_loop_from_the_cache(tmp_path):
+    # A tiny loop compiles in well under JAX's one-second threshold for keeping it.
+    environment = {"KZOO_COMPILATION_CACHE": str(tmp_path), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    script = """
+        import jax.monitoring
+        hits = []
+        jax.monitoring.register_event_listener(
+            lambda event, **kwargs: hits.append(1) if event == "/jax/compilation_cache/cache_hits" else None)
+        tokens = target.generate([prompt], max_new_tokens=6)[0]
+        print(json.dumps(dict(tokens=tokens, want=greedy(target, prompt, 6), hits=len(hits))))
+        """
+    first = run_under_jax(script, environment)
+    (folder,) = tmp_path.iterdir()
+    loops = sorted(path.name for path in folder.iterdir() if path.name.startswith("jit_decode-"))
+    second = run_under_jax(script, environment)
+    assert folder.name.startswith("jax-") and len(loops) == 1
+    assert first["hits"] == 0 and second["hits"] > 0
+    assert second["tokens"] == first["tokens"] == first["want"]
+    assert sorted(path.name for path in folder.iterdir() if path.name.startswith("jit_decode-")) == loops
