@@ -77,6 +77,17 @@ def test_generate_compiles_once_reads_the_current_weights_and_lets_the_model_go(
         plain = str(jax.make_jaxpr(lambda ids: embedding(ids))(ids))
         with kzoo.ops.checks.checked_by_caller():  # a new function: JAX reuses the trace of one it has seen
             checked = str(jax.make_jaxpr(lambda ids: embedding(ids))(ids))
+        # An encoder-decoder's source ids (`generate`'s context) and beam search, compiled and not.
+        seq2seq = kzoo.models.Seq2SeqTransformer(kzoo.models.Seq2SeqBackbone(
+            vocabulary_size=30, num_encoder_layers=1, num_decoder_layers=2, num_heads=2, hidden_dim=16,
+            intermediate_dim=32, max_sequence_length=12, dropout=0.0))
+        seq2seq.set_weights([w * 3 for w in seq2seq.get_weights()])  # no argmax ties
+        beam = kzoo.samplers.BeamSampler(num_beams=3)
+        sources = [[3, 4, 5, 6], [7, 8, 9]]
+        seq2seq_same = all(
+            seq2seq.generate(sources, 1, max_length=8, sampler=sampler)
+            == seq2seq.generate(sources, 1, max_length=8, sampler=sampler, jit_compile=False)
+            for sampler in ("greedy", beam))
         reference = weakref.ref(target)
         del target, prefill
         gc.collect()
@@ -84,7 +95,7 @@ def test_generate_compiles_once_reads_the_current_weights_and_lets_the_model_go(
             want=want, first=first, again=again, traced_once=traced_once, traces=len(traces),
             want_new=want_new, new=new, speculative=speculative, speculative_again=speculative_again,
             callback_without=("callback" in plain), callback_within=("callback" in checked),
-            freed=reference() is None)))
+            seq2seq_same=seq2seq_same, freed=reference() is None)))
         """
     )
     assert result["first"] == result["again"] == result["want"]
@@ -93,6 +104,7 @@ def test_generate_compiles_once_reads_the_current_weights_and_lets_the_model_go(
     assert result["speculative"] == result["speculative_again"] == result["want_new"]
     assert result["traces"] == 2  # generate's one (new weights, no new trace), the speculative loop's one
     assert result["callback_without"] and not result["callback_within"]
+    assert result["seq2seq_same"]
     assert result["freed"]
 
 
