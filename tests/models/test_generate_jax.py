@@ -88,6 +88,11 @@ def test_generate_compiles_once_reads_the_current_weights_and_lets_the_model_go(
             seq2seq.generate(sources, 1, max_length=8, sampler=sampler)
             == seq2seq.generate(sources, 1, max_length=8, sampler=sampler, jit_compile=False)
             for sampler in ("greedy", beam))
+        try:
+            target.generate([prompt], max_new_tokens=6, draft_model=draft, jit_compile="draft")
+            draft_error = ""
+        except ValueError as error:
+            draft_error = str(error)
         reference = weakref.ref(target)
         del target, prefill
         gc.collect()
@@ -95,7 +100,7 @@ def test_generate_compiles_once_reads_the_current_weights_and_lets_the_model_go(
             want=want, first=first, again=again, traced_once=traced_once, traces=len(traces),
             want_new=want_new, new=new, speculative=speculative, speculative_again=speculative_again,
             callback_without=("callback" in plain), callback_within=("callback" in checked),
-            seq2seq_same=seq2seq_same, freed=reference() is None)))
+            seq2seq_same=seq2seq_same, draft_error=draft_error, freed=reference() is None)))
         """
     )
     assert result["first"] == result["again"] == result["want"]
@@ -105,6 +110,7 @@ def test_generate_compiles_once_reads_the_current_weights_and_lets_the_model_go(
     assert result["traces"] == 2  # generate's one (new weights, no new trace), the speculative loop's one
     assert result["callback_without"] and not result["callback_within"]
     assert result["seq2seq_same"]
+    assert "TensorFlow graph, which only Keras' TensorFlow backend has; under jax use True" in result["draft_error"]
     assert result["freed"]
 
 

@@ -34,6 +34,7 @@ References:
 import dataclasses
 import weakref
 
+import keras
 import numpy as np
 from keras import ops
 
@@ -498,7 +499,8 @@ def _tokens(tokenizer):
 
 
 def check_jit_compile(jit_compile, lookup):
-    """Raises ValueError unless `jit_compile` is True, False or "draft" (not with a `PromptLookup`)."""
+    """Raises ValueError unless `jit_compile` is True, False or "draft" (not with a `PromptLookup`,
+    and only under TensorFlow)."""
     if jit_compile is True or jit_compile is False:
         return
     if jit_compile != "draft":
@@ -506,6 +508,11 @@ def check_jit_compile(jit_compile, lookup):
     if lookup:
         raise ValueError(
             '`jit_compile="draft"` compiles a draft model\'s steps; a PromptLookup has none: use True or False.'
+        )
+    if keras.backend.backend() != "tensorflow":
+        raise ValueError(
+            '`jit_compile="draft"` traces the loop and the target\'s check as a TensorFlow graph, which only '
+            f"Keras' TensorFlow backend has; under {keras.backend.backend()} use True (the whole loop compiled)."
         )
 
 
