@@ -20,7 +20,8 @@ tokens after it at batch 1 (no stop token, so every run makes the same number):
 - transformers (torch, CPU): the target's `generate(do_sample=False)` alone and with
   `assistant_model=` (its assisted generation, default schedule), on the same prompt ids.
 
-Each library runs in a fresh process of its own, one after the other (together they would not
+Under `KERAS_BACKEND=jax` kzoo's runs are JAX's (`--bfloat16-target`, TensorFlow's graph, is
+refused there). Each library runs in a fresh process of its own, one after the other (together they would not
 fit beside each other in memory at 1.5B); within one, the calls alternate after a warm-up call
 each (compilation), and each speed is the new tokens of `--rounds` rounds over their seconds.
 
@@ -113,21 +114,24 @@ def step_times(target, draft, tokens, bfloat16_target=None, repeats=5):
     """Median ms of one compiled `decode` call at position 64 of a 256-slot cache: the target's
     at 1 and at `tokens` positions (what checking a draft costs), the draft's at 1, and where
     given the bfloat16 target's at `tokens` positions in TensorFlow's graph. A round of k
-    proposals costs k draft steps and one target step of k + 1 positions."""
-    import tensorflow as tf
+    proposals costs k draft steps and one target step of k + 1 positions. Compiled as `generate`
+    compiles (`generation.compile_function`), under whichever Keras backend runs."""
+    import numpy as np
+    from keras import ops
 
     from benchmarks.common import median_time
+    from kzoo.models import generation
 
     times = {}
     steps = [("target_1", target, 1, True), (f"target_{tokens}", target, tokens, True), ("draft_1", draft, 1, True)]
     if bfloat16_target is not None:
         steps.append((f"bfloat16_target_graph_{tokens}", bfloat16_target, tokens, False))
     for name, lm, count, xla in steps:
-        ids = tf.fill([1, count], 7)
-        _, state = lm.prefill(tf.fill([1, 64], 7), 256)
-        step = tf.function(lambda t, s: lm.decode(t, s, 64, last_only=False)[0], jit_compile=xla)
+        ids = np.full([1, count], 7, "int32")
+        _, state = lm.prefill(np.full([1, 64], 7, "int32"), 256)
+        step = generation.compile_function(lambda t, s, lm=lm: lm.decode(t, s, 64, last_only=False)[0], xla, (lm,))
         step(ids, state)
-        times[name] = 1000 * median_time(lambda: step(ids, state).numpy(), repeats)
+        times[name] = 1000 * median_time(lambda: ops.convert_to_numpy(step(ids, state)), repeats)
     return times
 
 
