@@ -21,9 +21,10 @@ tokens after it at batch 1 (no stop token, so every run makes the same number):
   `assistant_model=` (its assisted generation, default schedule), on the same prompt ids.
 
 Under `KERAS_BACKEND=jax` kzoo's runs are JAX's (`--bfloat16-target`, TensorFlow's graph, is
-refused there). Each library runs in a fresh process of its own, one after the other (together they would not
-fit beside each other in memory at 1.5B); within one, the calls alternate after a warm-up call
-each (compilation), and each speed is the new tokens of `--rounds` rounds over their seconds.
+refused there). Each library runs in a fresh process of its own, one after the other (together
+they would not fit beside each other in memory at 1.5B); within one, the calls alternate after a
+warm-up call each (compilation), and each speed is the new tokens of `--rounds` rounds over
+their seconds.
 
     python -m benchmarks.speculative [--new-tokens 128] [--draft-tokens 3,4,6] [--rounds 2] [--bfloat16-target]
         [--out record.json]

@@ -102,10 +102,11 @@ def use_compilation_cache(environ=os.environ):
     (generation is as correct, only compiled again). Under JAX: sets `jax_compilation_cache_dir`
     unless the process set one (JAX keeps what takes at least
     `jax_persistent_cache_min_compile_time_secs` to compile, a second by default)."""
-    folder = compilation_cache(environ)
+    backend = keras_backend(environ)
+    folder = compilation_cache(environ, backend=backend)
     if folder is None:
         return
-    if keras_backend(environ) == "jax":
+    if backend == "jax":
         import jax
 
         if not jax.config.jax_compilation_cache_dir:

@@ -167,7 +167,7 @@ def compile_function(fn, jit_compile, models=()):
     config.add_xla_flags()
     backend = keras.backend.backend()
     if backend == "jax" and jit_compile and models:
-        return _jax_function(fn, models)
+        return _jax_function(_ids_checked_by_caller(fn), models)
     if backend != "tensorflow":
         # `tf.function` makes tensors of NumPy arguments; elsewhere that is done here, because a
         # NumPy array cannot be indexed by the traced position of `ops.while_loop`'s body.
@@ -184,6 +184,7 @@ def _ids_checked_by_caller(fn):
         with checks.checked_by_caller():
             return fn(*args)
 
+    traced.__name__ = traced.__qualname__ = fn.__name__
     return traced
 
 
@@ -212,7 +213,7 @@ def _jax_function(fn, models):
             compiled.clear()
 
             def stateless(values, *args):
-                with keras.StatelessScope(state_mapping=list(zip(current, values))), checks.checked_by_caller():
+                with keras.StatelessScope(state_mapping=list(zip(current, values))):
                     return fn(*args)
 
             stateless.__name__ = stateless.__qualname__ = fn.__name__  # the program's name in JAX's logs and cache

@@ -12,8 +12,8 @@ _CHECKED_BY_CALLER = contextvars.ContextVar("kzoo_token_ids_checked_by_caller", 
 
 @contextlib.contextmanager
 def checked_by_caller():
-    """Code traced within it makes no run-time check of its token ids (`check_token_ids` still
-    gives the mask): its caller checked them on the host. Generation does (its prompts, before
+    """Code run or traced within it makes no run-time check of its token ids (`check_token_ids`
+    still gives the mask): its caller checked them on the host. Generation does (its prompts, before
     the compiled loop; the ids the loop samples are in the vocabulary by construction), and
     under JAX the check's host callback would keep the loop out of the persistent compilation
     cache and cost a host round trip per step.

@@ -54,7 +54,7 @@ def run_under_jax(script, environment=None):
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.e2e  # a fresh process under JAX, about 20 s on 2 cores
+@pytest.mark.e2e  # a fresh process under JAX, about a minute on 2 cores
 def test_generate_compiles_once_reads_the_current_weights_and_lets_the_model_go():
     result = run_under_jax(
         """
