@@ -15,6 +15,7 @@ Checked against keras 3.15.1, keras-hub 0.32.0, tensorflow 2.21.0, tensorflow-da
 """
 
 import contextlib
+import sys
 
 import keras
 from keras import tree
@@ -279,6 +280,51 @@ def in_xla_context():
     from tensorflow.python.ops import control_flow_util
 
     return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+
+
+class _TensorFlowOnceImported:
+    """Keras' lazy `tensorflow` module (`keras.src.utils.module_utils.tensorflow`), but
+    `available` only once TensorFlow is imported; every other attribute is the lazy module's."""
+
+    def __init__(self, lazy):
+        self.lazy = lazy
+
+    @property
+    def available(self):
+        return sys.modules.get("tensorflow") is not None and self.lazy.available
+
+    def __getattr__(self, name):
+        return getattr(self.lazy, name)
+
+
+def serialize_without_importing_tensorflow():
+    """Makes Keras' serialization (`serialize_keras_object`, so every `get_config`) stop
+    importing TensorFlow where TensorFlow is installed but not imported; its results are unchanged.
+
+    Keras asks `tf.available` of its lazy `tensorflow` module before it tests an object against
+    `tf.TensorShape`, `tf.DType` and `tf.TypeSpec`, and that question imports TensorFlow (3-4 s)
+    under any backend. No object of those classes exists before TensorFlow is imported, so the
+    answer "not available" until then gives the same configs. This replaces the module global
+    `tf` of `keras.src.saving.serialization_lib` with a view of the same lazy module that says so.
+    Missing publicly: Keras imports TensorFlow under JAX wherever it is installed
+    (keras-team/keras#18455, closed without a fix). Remove when Keras' serialization asks only
+    once TensorFlow is imported.
+    """
+    from keras.src.saving import serialization_lib
+
+    if not isinstance(serialization_lib.tf, _TensorFlowOnceImported):
+        serialization_lib.tf = _TensorFlowOnceImported(serialization_lib.tf)
+
+
+def takes_raw_inputs(layer):
+    """Makes `layer`'s `__call__` pass Python strings and lists to `call` as they are.
+
+    Missing publicly: Keras converts a layer's positional arguments to tensors and refuses
+    strings unless two private attributes say otherwise; keras-hub's `PreprocessingLayer` sets the
+    same two. No upstream issue filed. Remove when Keras has a public switch for it.
+    """
+    layer._convert_input_args = False
+    layer._allow_non_tensor_positional_args = True
 
 
 # keras-hub

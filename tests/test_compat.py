@@ -249,6 +249,61 @@ def test_forgotten_uninitialized_variables():
     assert list(after) == before, "_compat.forgotten_uninitialized_variables left variables queued"
 
 
+# Run under JAX in a fresh process, TensorFlow installed but not imported: serializes layers (with
+# kzoo, one of kzoo's too) and says which modules that imported, whether the configs are the same
+# once TensorFlow is imported, and a TensorFlow object's config.
+SERIALIZE = """
+import json, sys
+import keras
+layers = [keras.layers.Dense(3, kernel_initializer="he_normal")]
+if sys.argv[1] == "kzoo":
+    import kzoo
+    layers.append(kzoo.layers.RMSNormalization(epsilon=1e-5))
+configs = [keras.saving.serialize_keras_object(layer) for layer in layers]
+before = sorted(name for name in ("tensorflow", "keras_hub") if name in sys.modules)
+import tensorflow as tf
+print(json.dumps(dict(before=before, same=configs == [keras.saving.serialize_keras_object(x) for x in layers],
+                      shape=keras.saving.serialize_keras_object(tf.TensorShape([2, None])))))
+"""
+
+
+@pytest.mark.e2e  # two fresh processes under JAX
+@pytest.mark.parametrize("imports", ["keras", "kzoo"])
+def test_serialize_without_importing_tensorflow(imports):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-c", SERIALIZE, imports],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPOSITORY,
+        env={**os.environ, "KERAS_BACKEND": "jax"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    result = json.loads(result.stdout.strip().splitlines()[-1])
+    # `import kzoo` calls it under JAX. Keras alone imports TensorFlow to serialize any object:
+    # when that fails, Keras no longer does, and the compat function can go.
+    name = "_compat.serialize_without_importing_tensorflow"
+    assert result["before"] == ([] if imports == "kzoo" else ["tensorflow"]), name
+    assert result["same"] and result["shape"] == [2, None], name
+
+
+def test_takes_raw_inputs():
+    class Length(keras.layers.Layer):
+        def call(self, text):
+            return len(text)
+
+    with pytest.raises(ValueError, match="positional"):
+        Length()("four")
+    layer = Length()
+    _compat.takes_raw_inputs(layer)
+    assert layer("four") == 4, "_compat.takes_raw_inputs"
+
+
 def test_print_msg(capsys):
     keras.config.enable_interactive_logging()
     _compat.print_msg("kzoo compat message")
