@@ -88,6 +88,12 @@ def clone_initializer(initializer):
     return initializer.__class__.from_config(initializer.get_config())
 
 
+def imported_tensorflow():
+    """TensorFlow where something has imported it, else None, without importing it (3-4 s): no
+    TensorFlow tensor or graph exists before it is imported."""
+    return sys.modules.get("tensorflow")
+
+
 def is_text(x):
     """Whether `x` is meant as text: a string, a list / tuple / array holding one, or a string
     tensor (`kzoo.tokenizers.packing.check_text` then says whether it is good text). Asked
@@ -97,5 +103,5 @@ def is_text(x):
         return True
     if isinstance(x, (list, tuple, np.ndarray)):
         return any(isinstance(item, (str, bytes)) for item in np.asarray(x, object).reshape(-1))
-    tf = sys.modules.get("tensorflow")
+    tf = imported_tensorflow()
     return tf is not None and isinstance(x, tf.Tensor) and x.dtype == tf.string

@@ -62,7 +62,7 @@ class Task(OptimizerBuiltBeforeTracing, MultiWorkerTrainerMixin, keras.Model):
     `model.fit(x, y, sample_weight=padding_mask)` or a dataset of
     `(x, y, sample_weight)`.
 
-    Text: a task may carry its `tokenizer` (any keras-hub tokenizer; a
+    Text: a task may carry its `tokenizer` (a keras-hub tokenizer or kzoo's; a
     subclass passes `tokenizer=` through its `**kwargs`), as a keras-hub task
     carries its preprocessor. `.keras` files keep it, vocabulary included, and
     `from_preset` on a Hugging Face folder gives the folder's. With one,
@@ -103,8 +103,9 @@ class Task(OptimizerBuiltBeforeTracing, MultiWorkerTrainerMixin, keras.Model):
         to the task's constructor (e.g. `num_classes`).
 
         From a Hugging Face folder or a GGUF file the task also gets the checkpoint's
-        tokenizer, which needs keras-hub and TensorFlow; `tokenizer=None` loads the weights
-        alone (e.g. under JAX without TensorFlow installed: the model then takes token ids).
+        tokenizer: BERT's and GPT-2's need keras-hub and TensorFlow, the Llama lineage's
+        (`HFTokenizer`) neither; `tokenizer=None` loads the weights alone (the model then takes
+        token ids).
         """
         return presets.from_preset(cls, preset, **kwargs)
 
@@ -334,7 +335,9 @@ def _excluding(excluded, filters):
 def _check_tokenizer(tokenizer, backbone):
     """A tokenizer whose ids the backbone can embed (not yet checkable while loading)."""
     if not callable(getattr(tokenizer, "tokenize", None)) or not callable(getattr(tokenizer, "detokenize", None)):
-        raise ValueError(f"`tokenizer` must be a keras-hub tokenizer; received {type(tokenizer).__name__}.")
+        raise ValueError(
+            f"`tokenizer` must be a tokenizer (with `tokenize` and `detokenize`); received {type(tokenizer).__name__}."
+        )
     try:
         size = int(tokenizer.vocabulary_size())
     except (ValueError, TypeError, AttributeError):  # no vocabulary yet: a `.keras` file sets it after

@@ -1,4 +1,4 @@
-"""`HFTokenizer`: a Hugging Face `tokenizer.json` run by the `tokenizers` package, as a keras-hub tokenizer.
+"""`HFTokenizer`: a Hugging Face `tokenizer.json` run by the `tokenizers` package, as a Keras layer.
 
 The Llama lineage (Llama, Mistral, Qwen, SmolLM, Gemma) tokenizes with its `tokenizer.json` as it
 is: `HFTokenizer` runs it with the `tokenizers` package, so its ids are transformers' fast
@@ -7,9 +7,13 @@ tokenizer's, and carries the named special tokens and the chat template beside. 
 regex patterns. `kzoo.checkpoints.hf.tokenizer_files` reads one from a Hugging Face folder and
 writes it back, `kzoo.checkpoints.gguf.tokenizer` from a GGUF file.
 
-The tokenizer is a keras layer: a task holds one (`Task.tokenizer`) and `.keras` files keep it,
-its `tokenizer.json` included. Importing this module imports keras-hub and `tokenizers`, so kzoo
-does it only where tokenizers are read or written.
+The tokenizer is a Keras layer with keras-hub's tokenizer interface (`tokenize`, `detokenize`,
+`vocabulary_size`, `token_to_id`, the special tokens' ids): a task holds one (`Task.tokenizer`)
+and `.keras` files keep it, its `tokenizer.json` included. It imports neither keras-hub nor
+TensorFlow: keras-hub imports TensorFlow wherever it is installed (3-4 s), and this tokenizer
+needs TensorFlow only for TensorFlow's own inputs (string tensors, a `tf.data` map), which exist
+only once TensorFlow is imported. Importing this module imports `tokenizers`, so kzoo does it only
+where tokenizers are read or written.
 """
 
 import contextlib
@@ -18,13 +22,13 @@ import warnings
 from pathlib import Path
 
 import keras
-import keras_hub
 import numpy as np
-import tensorflow as tf
 import tokenizers
 
+from kzoo import _compat
 from kzoo.tokenizers import byte_pair
 from kzoo.tokenizers.chat_template import render_chat_template
+from kzoo.validation import imported_tensorflow
 
 # The file of a `tokenizers` pipeline: in a Hugging Face folder, and among a `.keras` file's assets.
 TOKENIZER_FILE = "tokenizer.json"
@@ -43,8 +47,8 @@ def _token_id(name):
 
 
 @keras.saving.register_keras_serializable(package="kzoo")
-class HFTokenizer(keras_hub.tokenizers.Tokenizer):
-    """A Hugging Face `tokenizer.json` as a keras-hub tokenizer, with the ids of the `tokenizers` package.
+class HFTokenizer(keras.layers.Layer):
+    """A Hugging Face `tokenizer.json` as a Keras layer, with the ids of the `tokenizers` package.
 
     The tokenizer of a Hugging Face checkpoint is its `tokenizer.json`: normalizer, pre-tokenizer,
     BPE / WordPiece / Unigram model, added tokens, decoder. This layer runs that file with the
@@ -75,6 +79,8 @@ class HFTokenizer(keras_hub.tokenizers.Tokenizer):
         chat_template: str or None, the Jinja chat template (see `kzoo.tokenizers.chat_template`).
         tokenizer_source: str or None, where the tokenizer comes from (its file), named in its
             errors and warnings; default: the path given as `tokenizer`.
+        config_file: ignored: the configs of `.keras` files written when this layer was a keras-hub
+            tokenizer carry it.
         **kwargs: `keras.layers.Layer` arguments (`name`, ...).
 
     Raises:
@@ -106,10 +112,12 @@ class HFTokenizer(keras_hub.tokenizers.Tokenizer):
         mask_token=None,
         chat_template=None,
         tokenizer_source=None,
+        config_file=None,
         **kwargs,
     ):
         kwargs.setdefault("dtype", "int32")
         super().__init__(**kwargs)
+        _compat.takes_raw_inputs(self)
         self.bos_token, self.eos_token, self.unk_token, self.sep_token = bos_token, eos_token, unk_token, sep_token
         self.pad_token, self.cls_token, self.mask_token = pad_token, cls_token, mask_token
         self.chat_template = chat_template
@@ -268,7 +276,7 @@ class HFTokenizer(keras_hub.tokenizers.Tokenizer):
         """Ids of a string (int32 array) or of a list of strings (a list of id lists); a
         `tf.py_function` in a graph. No special token is added around the text."""
         self._check_tokenizer()
-        if not tf.executing_eagerly():
+        if _in_tensorflow_graph():
             return self._tokenize_graph(inputs)
         texts, batched = _strings(inputs)
         ids = self._encode(texts)
@@ -288,6 +296,8 @@ class HFTokenizer(keras_hub.tokenizers.Tokenizer):
         return [encoding.ids for encoding in encodings]
 
     def _tokenize_graph(self, inputs):
+        import tensorflow as tf
+
         inputs = tf.convert_to_tensor(inputs, tf.string)
         if inputs.shape.rank not in (0, 1):
             raise ValueError(f"HFTokenizer takes a string or a 1-D string tensor; received shape {inputs.shape}.")
@@ -309,7 +319,7 @@ class HFTokenizer(keras_hub.tokenizers.Tokenizer):
         `tf.py_function` in a graph. Special tokens are kept; a byte sequence cut mid-character
         decodes to U+FFFD."""
         self._check_tokenizer()
-        if not tf.executing_eagerly():
+        if _in_tensorflow_graph():
             return self._detokenize_graph(inputs)
         rows, batched = _id_rows(inputs)
         texts = self._decode(rows)
@@ -325,6 +335,8 @@ class HFTokenizer(keras_hub.tokenizers.Tokenizer):
             return self.backend.decode_batch(rows, skip_special_tokens=False)
 
     def _detokenize_graph(self, inputs):
+        import tensorflow as tf
+
         if isinstance(inputs, tf.RaggedTensor):
             values, lengths, batched = inputs.flat_values, inputs.row_lengths(), True
         else:
@@ -344,6 +356,10 @@ class HFTokenizer(keras_hub.tokenizers.Tokenizer):
 
     def call(self, inputs):
         return self.tokenize(inputs)
+
+    def get_build_config(self):
+        # Nothing is built from shapes.
+        return None
 
     def apply_chat_template(self, messages, add_generation_prompt=False, tokenize=False, **kwargs):
         """`messages` rendered with the chat template, as transformers' `apply_chat_template`
@@ -449,11 +465,23 @@ def _warn_of_missing_byte_tokens(backend, source):
         )
 
 
+def _in_tensorflow_graph():
+    """Whether TensorFlow is tracing a graph (a `tf.function`, a `tf.data` map)."""
+    tf = imported_tensorflow()
+    return tf is not None and not tf.executing_eagerly()
+
+
+def _is_tensorflow_tensor(x, ragged=False):
+    """Whether `x` is a TensorFlow tensor (a `tf.RaggedTensor` with `ragged`)."""
+    tf = imported_tensorflow()
+    return tf is not None and isinstance(x, tf.RaggedTensor if ragged else tf.Tensor)
+
+
 def _strings(inputs):
     """`(texts, batched)`: a list of Python strings from a string, a list of them, or a string
     array or tensor (of rank 0 or 1)."""
-    if isinstance(inputs, (tf.Tensor, np.ndarray)):
-        array = np.asarray(inputs.numpy() if isinstance(inputs, tf.Tensor) else inputs)
+    if _is_tensorflow_tensor(inputs) or isinstance(inputs, np.ndarray):
+        array = np.asarray(inputs.numpy() if _is_tensorflow_tensor(inputs) else inputs)
         if array.ndim > 1 or (array.size and array.dtype.kind not in "USO"):
             raise ValueError(
                 f"HFTokenizer takes strings: a string or a 1-D array of them; received {array.dtype} {array.shape}."
@@ -473,9 +501,10 @@ def _strings(inputs):
 
 def _id_rows(inputs):
     """`(rows, batched)`: lists of Python ints from ids `(T,)` or `(B, T)`: a list, array or tensor."""
-    if isinstance(inputs, tf.RaggedTensor):
+    if _is_tensorflow_tensor(inputs, ragged=True):
         return inputs.to_list(), True
-    if isinstance(inputs, (tf.Tensor, np.ndarray, np.generic, int)) or keras.ops.is_tensor(inputs):
+    tensor = keras.ops.is_tensor(inputs) or _is_tensorflow_tensor(inputs)
+    if tensor or isinstance(inputs, (np.ndarray, np.generic, int)):
         array = np.asarray(inputs)
         if array.ndim > 2 or (array.size and array.dtype.kind not in "iu"):
             raise ValueError(

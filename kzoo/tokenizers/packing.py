@@ -1,12 +1,14 @@
-"""Raw strings to a backbone's inputs with a keras-hub tokenizer (TensorFlow ops).
+"""Raw strings to a backbone's inputs with a keras-hub tokenizer (TensorFlow ops), and a causal
+LM's prompts and replies as Python lists.
 
 One packing serves `Task.preprocess` (and so `predict` on strings) and the text signatures of
-`kzoo.export`, so a string gives the same inputs in Python and in a SavedModel.
+`kzoo.export`, so a string gives the same inputs in Python and in a SavedModel. `pack` and
+`tokenize` import TensorFlow; the rest does not (generation under JAX runs without it).
 """
 
 import numpy as np
-import tensorflow as tf
 
+from kzoo.validation import imported_tensorflow
 from kzoo.validation import is_text  # noqa: F401  (kzoo.tokenizers.packing.is_text, as before)
 
 # Where a tokenizer has no `<name>_id` attribute (kzoo's WordPiece vocabularies, keras-hub's
@@ -32,7 +34,8 @@ def check_text(x, name):
     ...
     ValueError: `x[1]` is 5 (int), not a string: `x` must be all strings (text) or all token ids.
     """
-    if isinstance(x, tf.Tensor):
+    tf = imported_tensorflow()
+    if tf is not None and isinstance(x, tf.Tensor):
         return
     single = isinstance(x, (str, bytes))
     items = [x] if single else list(np.asarray(x, object).reshape(-1))
@@ -80,6 +83,8 @@ def special_token_id(tokenizer, name):
 
 def tokenize(tokenizer, texts):
     """Ragged int32 token ids `(B, None)` of a string tensor `(B,)`."""
+    import tensorflow as tf
+
     token_ids = tokenizer.tokenize(texts)
     if isinstance(token_ids, list):
         token_ids = tf.ragged.constant(token_ids, dtype=tf.int32, ragged_rank=1)
@@ -104,6 +109,8 @@ def pack(backbone, tokenizer, texts, max_length=None):
     Returns:
         A dict of int32 tensors `(B, T)`.
     """
+    import tensorflow as tf
+
     texts = tf.convert_to_tensor(texts, tf.string)
     texts = tf.reshape(texts, [-1])
     max_length = max_length or backbone.max_sequence_length

@@ -285,6 +285,28 @@ def test_a_keras_file_keeps_the_tokenizer(tmp_path):
         np.testing.assert_array_equal(read.numpy(), saved.numpy())
 
 
+def test_a_keras_file_written_when_the_tokenizer_was_a_keras_hub_one_loads(tmp_path):
+    """Until 2026-12, `HFTokenizer` derived from keras-hub's `Tokenizer`, whose config adds
+    `config_file`: such a file (this one, with that key put back) still loads, the same tokenizer."""
+    import zipfile
+
+    lm = chatml_lm(tmp_path)
+    lm.save(tmp_path / "new.keras")
+    with zipfile.ZipFile(tmp_path / "new.keras") as new, zipfile.ZipFile(tmp_path / "old.keras", "w") as old:
+        for item in new.infolist():
+            data = new.read(item)
+            if item.filename == "config.json":
+                config = json.loads(data)
+                tokenizer = config["config"]["tokenizer"]
+                assert tokenizer["class_name"] == "HFTokenizer" and "config_file" not in tokenizer["config"]
+                tokenizer["config"]["config_file"] = "tokenizer.json"
+                data = json.dumps(config).encode()
+            old.writestr(item, data)
+    loaded = keras.saving.load_model(tmp_path / "old.keras")
+    assert loaded.tokenizer(KERAS_FILE_TEXTS) == lm.tokenizer(KERAS_FILE_TEXTS)
+    assert loaded.tokenizer.special_tokens_map == lm.tokenizer.special_tokens_map
+
+
 @pytest.mark.e2e  # a file read back in a fresh process: the in-process reload above stays in the fast tier
 def test_a_keras_file_keeps_the_tokenizer_for_a_fresh_process(tmp_path):
     """A task's `.keras` file holds the tokenizer.json (an asset), its special tokens and chat

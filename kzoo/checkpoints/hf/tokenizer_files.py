@@ -15,23 +15,21 @@
 `load_tokenizer` reads a folder's tokenizer by its family (the `model_type` of `config.json`);
 `tokenizer_writer` and `write_hf_tokenizer` write a tokenizer's files into a folder. A file that
 is there but malformed raises a `CheckpointError` naming it. Importing this module imports
-keras-hub, tensorflow-text and `tokenizers`, so kzoo does it only where tokenizers are read or
-written.
+`tokenizers`, so kzoo does it only where tokenizers are read or written; BERT's and GPT-2's
+tokenizers import keras-hub, tensorflow-text and TensorFlow where they are read or written, the
+Llama lineage's none of them (a `from_preset` under JAX imports no TensorFlow).
 """
 
 import json
 import warnings
 from pathlib import Path
 
-import keras_hub
 import tokenizers
-from keras_hub.tokenizers import BytePairTokenizer
 
 from kzoo.checkpoints import families
 from kzoo.checkpoints.errors import CheckpointError
 from kzoo.checkpoints.hf import load
 from kzoo.tokenizers import byte_pair
-from kzoo.tokenizers.bert import BertTokenizer
 from kzoo.tokenizers.hugging_face import SPECIAL_TOKEN_NAMES
 from kzoo.tokenizers.hugging_face import TOKENIZER_FILE
 from kzoo.tokenizers.hugging_face import HFTokenizer
@@ -56,6 +54,8 @@ GPT2_END_OF_TEXT = "<|endoftext|>"
 def read_bert_tokenizer(path):
     """BERT's WordPiece: `tokenizer.json`, else `vocab.txt` with `tokenizer_config.json`'s casing,
     as a `BertTokenizer`."""
+    from kzoo.tokenizers.bert import BertTokenizer
+
     path = Path(path)
     file = path / TOKENIZER_FILE
     if file.is_file():
@@ -421,18 +421,22 @@ def _ordered_vocabulary(vocabulary, file):
 
 
 def _byte_pair_tokenizer(vocabulary, merges):
+    import keras_hub
+
     if GPT2_END_OF_TEXT in vocabulary:
         return keras_hub.models.GPT2Tokenizer(vocabulary=vocabulary, merges=merges)
-    return BytePairTokenizer(vocabulary=vocabulary, merges=merges)
+    return keras_hub.tokenizers.BytePairTokenizer(vocabulary=vocabulary, merges=merges)
 
 
 def tokenizer_writer(tokenizer, model_type):
     """`write(folder)`: writes `tokenizer`'s Hugging Face files, or raises if it has none."""
     if isinstance(tokenizer, HFTokenizer):
         return lambda folder: write_hf_tokenizer(tokenizer, folder)
+    import keras_hub
+
     if model_type == "bert" and isinstance(tokenizer, keras_hub.tokenizers.WordPieceTokenizer):
         return lambda folder: _write_word_piece(tokenizer, Path(folder))
-    if model_type == "gpt2" and isinstance(tokenizer, BytePairTokenizer):
+    if model_type == "gpt2" and isinstance(tokenizer, keras_hub.tokenizers.BytePairTokenizer):
         return lambda folder: _write_byte_pair(tokenizer, Path(folder))
     raise CheckpointError(
         f"A {type(tokenizer).__name__} has no Hugging Face {model_type} tokenizer files; kzoo writes WordPiece "
