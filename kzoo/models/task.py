@@ -1,3 +1,4 @@
+import importlib
 import re
 import warnings
 
@@ -307,16 +308,24 @@ class Task(OptimizerBuiltBeforeTracing, MultiWorkerTrainerMixin, keras.Model):
         if isinstance(config.get("backbone"), dict):
             config["backbone"] = keras.layers.deserialize(config["backbone"])
         if isinstance(config.get("tokenizer"), dict):
-            # Registers kzoo's tokenizer classes (and imports keras-hub) only when needed, so that
-            # a file reloads with `import kzoo` alone: the Hugging Face ones and the recipes'
-            # character tokenizer.
-            from kzoo.tokenizers import bert  # noqa: F401
-            from kzoo.tokenizers import characters  # noqa: F401
-            from kzoo.tokenizers import hugging_face  # noqa: F401
-
+            # Registers kzoo's tokenizer class of the file only when needed, so that a file
+            # reloads with `import kzoo` alone; BERT's and the character tokenizer import keras-hub
+            # and TensorFlow, the Llama lineage's `HFTokenizer` neither.
+            for module in _TOKENIZER_MODULES.get(config["tokenizer"].get("registered_name"), _ALL_TOKENIZER_MODULES):
+                importlib.import_module(module)
             # The vocabulary comes after, from the file's assets (`load_assets`).
             config["tokenizer"] = keras.layers.deserialize(config["tokenizer"])
         return from_constructor_config(cls, config)
+
+
+# The module that registers each kzoo tokenizer class, by its name in a `.keras` file; a file with
+# another tokenizer (keras-hub's own) gets them all, keras-hub among them.
+_TOKENIZER_MODULES = {
+    "kzoo>HFTokenizer": ("kzoo.tokenizers.hugging_face",),
+    "kzoo>BertTokenizer": ("kzoo.tokenizers.bert",),
+    "kzoo>CharacterTokenizer": ("kzoo.tokenizers.characters",),
+}
+_ALL_TOKENIZER_MODULES = tuple(module for (module,) in _TOKENIZER_MODULES.values())
 
 
 def _excluding(excluded, filters):

@@ -139,9 +139,9 @@ def test_a_second_process_reads_the_generation_loop_from_the_cache(tmp_path):
 @pytest.mark.e2e  # a fresh process under JAX
 def test_a_gguf_chat_model_loads_and_replies_under_jax_without_importing_tensorflow(tmp_path):
     """TensorFlow is installed here but costs 3-4 s to import: from `import kzoo` to a chat reply
-    from a GGUF file nothing imports it (nor keras-hub, which imports it), and the reply is the one
-    the same model gives under TensorFlow. Once TensorFlow is imported the tokenizer runs in a
-    `tf.function` again."""
+    from a GGUF file, or from a `.keras` file, nothing imports it (nor keras-hub, which imports it),
+    and the reply is the one the same model gives under TensorFlow. Once TensorFlow is imported the
+    tokenizer runs in a `tf.function` again."""
     import keras
 
     import kzoo
@@ -152,21 +152,24 @@ def test_a_gguf_chat_model_loads_and_replies_under_jax_without_importing_tensorf
     backbone = kzoo.models.DecoderBackbone.from_preset("llama_tiny", vocabulary_size=tokenizer.vocabulary_size())
     lm = kzoo.models.CausalLM(backbone, tokenizer=tokenizer)
     lm.export_to_gguf(tmp_path / "chat.gguf", file_type="F32")
+    lm.save(tmp_path / "chat.keras")
     messages = [{"role": "user", "content": "Hello there"}]
     want = lm.chat(messages, max_new_tokens=8)
     text = "Hello there, friend"
     script = f"""
         import json, sys
+        import keras
         import kzoo
         lm = kzoo.models.CausalLM.from_preset({str(tmp_path / "chat.gguf")!r})
         reply = lm.chat({messages!r}, max_new_tokens=8)
         continued = lm.generate({text!r}, max_new_tokens=4)
+        saved = keras.saving.load_model({str(tmp_path / "chat.keras")!r}).chat({messages!r}, max_new_tokens=8)
         imported = sorted(name for name in ("tensorflow", "keras_hub", "tensorflow_text") if name in sys.modules)
         config = lm.get_config()  # Keras' serialization, which asks whether TensorFlow is available
         imported_by_config = sorted(name for name in ("tensorflow", "keras_hub") if name in sys.modules)
         import tensorflow as tf
         graph = tf.function(lambda text: lm.tokenizer(text))(tf.constant({text!r})).numpy().tolist()
-        print(json.dumps(dict(reply=reply, continued=continued, imported=imported,
+        print(json.dumps(dict(reply=reply, continued=continued, saved=saved, imported=imported,
             imported_by_config=imported_by_config, graph=graph, eager=lm.tokenizer({text!r}).tolist())))
         """
     env = {name: value for name, value in os.environ.items() if name not in ("XLA_FLAGS", "KZOO_COMPILATION_CACHE")}
@@ -177,6 +180,6 @@ def test_a_gguf_chat_model_loads_and_replies_under_jax_without_importing_tensorf
     assert result.returncode == 0, result.stderr[-5000:]
     result = json.loads(result.stdout.strip().splitlines()[-1])
     assert result["imported"] == [] and result["imported_by_config"] == []
-    assert result["reply"] == want
+    assert result["reply"] == result["saved"] == want
     assert result["continued"] == lm.generate(text, max_new_tokens=4)
     assert result["graph"] == result["eager"] == tokenizer(text).tolist()
