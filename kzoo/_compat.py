@@ -306,9 +306,9 @@ def serialize_without_importing_tensorflow():
     under any backend. No object of those classes exists before TensorFlow is imported, so the
     answer "not available" until then gives the same configs. This replaces the module global
     `tf` of `keras.src.saving.serialization_lib` with a view of the same lazy module that says so.
-    Missing publicly: Keras imports TensorFlow under JAX wherever it is installed
-    (keras-team/keras#18455, closed without a fix). Remove when Keras' serialization asks only
-    once TensorFlow is imported.
+    Missing publicly: a way to keep Keras from importing TensorFlow under another backend where
+    it is installed (keras-team/keras#18455 asked it of Keras Core's import, closed as stale).
+    Remove when Keras' serialization asks only once TensorFlow is imported.
     """
     from keras.src.saving import serialization_lib
 
