@@ -10,7 +10,8 @@ alternate between the libraries after one warm-up call (compilation):
   prompt, in new tokens/s (kzoo and keras-hub: their compiled `generate`; transformers:
   `generate(do_sample=False)`); and the floor, reading every float32 weight once per token at
   the bandwidth this process reads the same number of bytes with every core
-  (`benchmarks.common.bandwidth_meter`, the meter of every floor in `benchmarks/`).
+  (`benchmarks.common.weight_floor` and `bandwidth_meter`, the meter of every floor in
+  `benchmarks/`; SmolLM2's token table is its head, so every weight counts).
 - `prefill`: one forward pass over a `--prefill`-token prompt that fills the KV cache and gives the
   next token's logits (the last position's), in tokens/s.
 - `int8`: kzoo's `generate` after `quantize("int8")`, against float32.
@@ -35,9 +36,9 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import kzoo  # noqa: E402
-from benchmarks.common import bandwidth_meter  # noqa: E402
 from benchmarks.common import report  # noqa: E402
 from benchmarks.common import wait_for_quiet  # noqa: E402
+from benchmarks.common import weight_floor  # noqa: E402
 
 PRESET = "smollm2_135m_instruct"
 LORA_BATCH, LORA_LENGTH, LORA_REPLY = 8, 128, 16
@@ -57,13 +58,6 @@ def rounds(calls, count):
         for name, call in calls.items():
             times[name].append(timed(call))
     return {name: float(np.median(values)) for name, values in times.items()}
-
-
-def weight_floor(model):
-    """Seconds to read the model's float32 weights once, at the bandwidth every core reads
-    (`benchmarks.common.bandwidth_meter`), and their bytes."""
-    weight_bytes = 4 * sum(int(np.prod(w.shape)) for w in model.weights)
-    return weight_bytes / bandwidth_meter(weight_bytes)(), weight_bytes
 
 
 def transformers_model(folder):

@@ -10,6 +10,10 @@ tokens after it at batch 1 (no stop token, so every run makes the same number):
   proposed draft tokens, `SpeculativeStats`).
 - kzoo's compiled decode step (`step_ms`): the target's at 1 and at k + 1 positions, the draft's
   at 1, which is what a round costs.
+- the floor (`floor`): the target's weights read once per token at the bandwidth every core reads
+  beside the runs (`benchmarks.common.weight_floor`; the untied token table is only looked up),
+  over which the target alone's new tokens/s (its prefill included, as `benchmarks.llm` counts)
+  and its 1-position step are given as fractions.
 - with `--bfloat16-target`, also the target loaded in bfloat16 checking the same drafts in
   TensorFlow's graph, the draft's calls compiled with XLA (`jit_compile="draft"`), where
   oneDNN's bfloat16 product (AMX where the CPU has it) reads a weight once for every
@@ -37,8 +41,12 @@ from benchmarks.common import greedy_runs
 from benchmarks.common import in_fresh_process
 from benchmarks.common import report
 from benchmarks.common import wait_for_quiet
+from benchmarks.common import weight_floor
 
 TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
+# The floor's meter reads 2 GiB, 64x these hosts' 32 MB last-level cache: a larger array reads at
+# the same rate, and the target's 6.2 GB would not fit beside both models.
+METER_BYTES = 2**31
 PROMPTS = (
     "Write a Python function that returns the n-th Fibonacci number iteratively.",
     "Write a Python function that merges two sorted lists into one sorted list.",
@@ -95,6 +103,14 @@ def kzoo_runs(target_path, draft_path, prompts, new_tokens, draft_lengths, round
                 for p in ids
             ]
     record["step_ms"] = step_times(target, draft, max(draft_lengths) + 1, half)
+    floor_seconds, read = weight_floor(target, METER_BYTES)
+    record["floor"] = {
+        "bytes_per_token": read,
+        "bandwidth_gb_per_second": read / floor_seconds / 1e9,
+        "tokens_per_second": 1 / floor_seconds,
+        "alone_over_floor": alone * floor_seconds,
+        "step_over_floor": 1000 * floor_seconds / record["step_ms"]["target_1"],
+    }
     record["outputs"] = [outputs[("alone", tuple(p))][0] for p in ids]
     record["replies"] = [target.tokenizer.detokenize(tokens[len(p) :]) for tokens, p in zip(record["outputs"], ids)]
     return record

@@ -103,3 +103,15 @@ def test_a_decode_floor_counts_an_untied_table_as_looked_up_not_read(tied):
     float32 = litertlm.bundle_model(litertlm.RuntimeSignatures(lm, 32), "tflite_fp32")
     int8 = quantize.quantize(float32, quantize.INT8)
     assert looked_up_bytes(int8) == (0 if tied else 128 * 64)  # the int8 table, once
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_the_keras_decode_floor_reads_every_weight_but_an_untied_table(tied):
+    # The same rule in Keras: the untied (128, 64) table is looked up, a tied one is the head.
+    from benchmarks.common import weight_floor
+    from tests.export.test_litertlm_int4 import tiny_lm
+
+    lm = tiny_lm(64, tie_embeddings=tied)
+    seconds, read = weight_floor(lm, meter_bytes=2**20)
+    assert read == 4 * lm.count_params() - (0 if tied else 4 * 128 * 64)
+    assert seconds > 0
