@@ -13,7 +13,7 @@ tokens after it at batch 1 (no stop token, so every run makes the same number):
 - the floor (`floor`): the target's weights read once per token at the bandwidth every core reads
   beside the runs (`benchmarks.common.weight_floor`; the untied token table is only looked up),
   over which the target alone's new tokens/s (its prefill included, as `benchmarks.llm` counts)
-  and its 1-position step are given as fractions.
+  and its 1-position step are given as fractions; transformers alone over the same floor too.
 - with `--bfloat16-target`, also the target loaded in bfloat16 checking the same drafts in
   TensorFlow's graph, the draft's calls compiled with XLA (`jit_compile="draft"`), where
   oneDNN's bfloat16 product (AMX where the CPU has it) reads a weight once for every
@@ -230,6 +230,8 @@ def main():
         results["kzoo_alone_over_transformers_alone"] = (
             ours["alone_tokens_per_second"] / theirs["alone_tokens_per_second"]
         )
+        # The same weights read per token, so kzoo's floor (measured in its own process) is theirs.
+        theirs["alone_over_floor"] = theirs["alone_tokens_per_second"] / ours["floor"]["tokens_per_second"]
         results["same_greedy_tokens_as_transformers"] = [a == b for a, b in zip(theirs.pop("outputs"), ours["outputs"])]
     report("speculative", results, args.out)
 
