@@ -11,7 +11,8 @@ tokens after it at batch 1 (no stop token, so every run makes the same number):
 - kzoo's compiled decode step (`step_ms`): the target's at 1 and at k + 1 positions, the draft's
   at 1, which is what a round costs.
 - the floor (`floor`): the target's weights read once per token at the bandwidth every core reads
-  beside the runs (`benchmarks.common.weight_floor`; the untied token table is only looked up),
+  (`benchmarks.common.weight_floor`; the untied token table is only looked up), the best of the
+  meter's readings before and after the runs (the host's rate moves between minutes),
   over which the target alone's new tokens/s (its prefill included, as `benchmarks.llm` counts)
   and its 1-position step are given as fractions; transformers alone over the same floor too.
 - with `--bfloat16-target`, also the target loaded in bfloat16 checking the same drafts in
@@ -37,6 +38,7 @@ their seconds.
 import argparse
 import sys
 
+from benchmarks.common import bandwidth_meter
 from benchmarks.common import greedy_runs
 from benchmarks.common import in_fresh_process
 from benchmarks.common import report
@@ -45,7 +47,7 @@ from benchmarks.common import weight_floor
 
 TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
 # The floor's meter reads 2 GiB, 64x these hosts' 32 MB last-level cache: a larger array reads at
-# the same rate, and the target's 6.2 GB would not fit beside both models.
+# the same rate, and an array of the target's 6.2 GB would not fit beside both models.
 METER_BYTES = 2**31
 PROMPTS = (
     "Write a Python function that returns the n-th Fibonacci number iteratively.",
@@ -76,6 +78,8 @@ def kzoo_runs(target_path, draft_path, prompts, new_tokens, draft_lengths, round
         calls[f"bfloat16_{k}"] = lambda prompt, k=k: speculative.generate(
             half, [prompt], draft_model=draft, draft_tokens=k, max_new_tokens=new_tokens, jit_compile="draft"
         )
+    meter = bandwidth_meter(METER_BYTES)
+    bandwidths = [meter()]
     seconds, accepted, proposed, outputs, differ = greedy_runs(calls, ids, rounds)
     if half:  # compared with the bfloat16 target's own greedy output below, not required equal
         own = {tuple(p): half.generate([p], max_new_tokens=new_tokens, jit_compile=False) for p in ids}
@@ -103,9 +107,11 @@ def kzoo_runs(target_path, draft_path, prompts, new_tokens, draft_lengths, round
                 for p in ids
             ]
     record["step_ms"] = step_times(target, draft, max(draft_lengths) + 1, half)
-    floor_seconds, read = weight_floor(target, METER_BYTES)
+    bandwidths.append(meter())
+    floor_seconds, read = weight_floor(target, bandwidth=max(bandwidths))
     record["floor"] = {
         "bytes_per_token": read,
+        "bandwidth_readings_gb_per_second": [b / 1e9 for b in bandwidths],
         "bandwidth_gb_per_second": read / floor_seconds / 1e9,
         "tokens_per_second": 1 / floor_seconds,
         "alone_over_floor": alone * floor_seconds,
