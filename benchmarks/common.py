@@ -177,15 +177,13 @@ def bandwidth_meter(num_bytes, repeats=7):
     return measure
 
 
-def weight_floor(lm, meter_bytes=None, bandwidth=None):
+def weight_floor(lm, bandwidth=None):
     """Seconds to read what one decode step of the Keras causal LM `lm` must read, and those bytes:
-    every weight once, at the bandwidth every core reads (`bandwidth_meter`, or `bandwidth` in
-    bytes/s where the caller has read it), except an untied token table, of which a step looks up
-    one row (a tied table is the LM head, read whole). `meter_bytes` caps the meter's array (any
-    size well past the last-level cache reads at the same rate), so that it fits beside a large
-    model."""
+    every weight once, at the bandwidth every core reads (`bandwidth` in bytes/s where the caller
+    has read it, else `bandwidth_meter` of the same bytes), except an untied token table, of which
+    a step looks up one row (a tied table is the LM head, read whole)."""
     import numpy as np
 
     untied_table = None if lm.backbone.tie_embeddings else lm.backbone.embedding.token_embedding.embeddings
     read = sum(int(np.prod(w.shape)) * np.dtype(w.dtype).itemsize for w in lm.weights if w is not untied_table)
-    return read / (bandwidth or bandwidth_meter(min(read, meter_bytes or read))()), read
+    return read / (bandwidth or bandwidth_meter(read)()), read

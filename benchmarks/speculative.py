@@ -112,7 +112,7 @@ def kzoo_runs(target_path, draft_path, prompts, new_tokens, draft_lengths, round
     record["floor"] = {
         "bytes_per_token": read,
         "bandwidth_readings_gb_per_second": [b / 1e9 for b in bandwidths],
-        "bandwidth_gb_per_second": read / floor_seconds / 1e9,
+        "bandwidth_gb_per_second": max(bandwidths) / 1e9,
         "tokens_per_second": 1 / floor_seconds,
         "alone_over_floor": alone * floor_seconds,
         "step_over_floor": 1000 * floor_seconds / record["step_ms"]["target_1"],
