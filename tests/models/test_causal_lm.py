@@ -16,15 +16,24 @@ from kzoo import models
 from kzoo.models import generation
 from tests.models.tiny_models import DECODERS
 from tests.models.tiny_models import LENGTH
+from tests.models.tiny_models import TINY_CONFIG
+from tests.models.tiny_models import decoder_backbone
 from tests.models.tiny_models import padding_mask
 from tests.models.tiny_models import token_ids
 
 FAMILIES = list(DECODERS)
 
 
-def causal_lm(name):
+def causal_lm(name, context=None):
+    """The family's tiny causal LM, of the tiny context or a `context` of its own."""
     keras.utils.set_random_seed(7)
-    lm = models.CausalLM(DECODERS[name]())
+    if context is None:
+        backbone = DECODERS[name]()
+    elif name == "gpt2":
+        backbone = models.GPTBackbone(**{**TINY_CONFIG, "max_sequence_length": context})
+    else:
+        backbone = decoder_backbone(name, max_position_embeddings=context)
+    lm = models.CausalLM(backbone)
     # Weights larger than the initialization's: logits of unit scale, so that every check below
     # sees a difference and argmax ties do not happen.
     lm.set_weights([w + np.random.default_rng(i).normal(0, 0.3, w.shape) for i, w in enumerate(lm.get_weights())])
@@ -120,6 +129,50 @@ def test_ragged_prompts_in_one_batch_give_each_row_its_own_greedy_tokens(name, b
         assert row[: len(prompt)] == prompt
         assert row[len(prompt) :] == row_logits[len(prompt) - 1 : -1].argmax(-1).tolist()
     assert lm.generate([prompts[2]], max_length=14, jit_compile=False) == [together[2]]
+
+
+@pytest.mark.parametrize("name", RAGGED_BY_DEFAULT)
+def test_the_rest_of_a_long_prompt_is_read_in_chunks_and_gives_the_greedy_tokens(name):
+    """Past a prefill of 16, `generate` reads the shortest prompt's rest in calls of 4 positions
+    (`generation.prompt_chunk`), the last ending at the prompt's end: prompts of 19 and 23 tokens
+    read positions 15-18 in one call (15 again), one of 31 tokens 16-30 in four (27 again). Every
+    new token is the argmax of one uncached pass over the tokens before it (windows of 4 in the
+    sliding families, so the chunks cross them), and the traced loop reads chunks of 4 (without
+    them, the test fails on its widths: the rest was read a token at a time)."""
+    lm = causal_lm(name, context=40)
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(1, 39, n).tolist() for n in (19, 23)]
+    widths = []
+    decode = lm.decode
+    lm.decode = lambda ids, *args, **kwargs: widths.append(ids.shape[1]) or decode(ids, *args, **kwargs)
+    try:
+        rows = lm.generate(prompts, max_length=34, jit_compile=False) + lm.generate(
+            [rng.integers(1, 39, 31).tolist()], max_length=36, jit_compile=False
+        )
+    finally:
+        del lm.decode
+    assert sorted(set(widths)) == [1, 4, 16]  # the decode steps, the chunks, the prefill
+    for row, length in zip(rows, (19, 23, 31)):
+        logits = np.asarray(lm(inputs(np.array([row], "int32"))))[0]
+        assert row[length:] == logits[length - 1 : -1].argmax(-1).tolist()
+
+
+def test_a_prompt_read_in_chunks_gives_the_logits_of_one_prefill(built):
+    """`generation.read_prompt` of positions 8-20 in calls of 4 (the last reading 17-20, two of
+    them again) after a prefill of 8: the logits of a prefill of all 21 positions, and a cache
+    that the next step reads as it reads that prefill's."""
+    lm = causal_lm("llama", context=32)
+    ids = np.random.default_rng(4).integers(1, 39, (2, 22)).astype("int32")
+    logits, state = lm.prefill(ids[:, :8], 32, last_only=True)
+    logits, state = generation.read_prompt(lm, ids, state, logits[:, -1], 8, 21, 4)
+    whole, whole_state = lm.prefill(ids[:, :21], 32, last_only=True)
+    np.testing.assert_allclose(np.asarray(logits), np.asarray(whole)[:, -1], atol=2e-5)
+    step, _ = lm.decode(ids[:, 21:22], state, 21)
+    whole_step, _ = lm.decode(ids[:, 21:22], whole_state, 21)
+    np.testing.assert_allclose(np.asarray(step), np.asarray(whole_step), atol=2e-5)
+    # Nothing to read: the logits come back as they were.
+    same, _ = generation.read_prompt(lm, ids, state, logits, 21, 21, 4)
+    np.testing.assert_array_equal(np.asarray(same), np.asarray(logits))
 
 
 @pytest.mark.parametrize("name", FAMILIES)

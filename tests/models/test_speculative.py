@@ -67,6 +67,20 @@ def test_greedy_output_is_the_targets_own(target, draft, prompt, draft_tokens):
     assert stats.target_steps <= -(-(LENGTH - len(prompt)) // (draft_tokens + 1)) + 2
 
 
+def test_the_rest_of_a_long_prompt_is_read_before_the_rounds(target, draft):
+    """A prompt of 21 tokens: a prefill of 16, then positions 16-20 in chunks of 4 in both models
+    (`generation.prompt_chunk`), so that the first round already proposes. The target drafting
+    for itself (everything accepted) takes the rounds 11 new tokens take from there, 3, where a
+    round reading the prompt's rest first made 4."""
+    prompt = np.random.default_rng(5).integers(1, 200, 21).tolist()
+    expected = target.generate([prompt], max_length=32, jit_compile=False)
+    ids, _ = speculate(target, prompt, draft_model=draft, draft_tokens=4, max_length=32)
+    assert ids == expected
+    ids, stats = speculate(target, prompt, draft_model=target, draft_tokens=4, max_length=32)
+    assert ids == expected
+    assert stats.target_steps == 3
+
+
 def test_xla_gives_the_same_tokens(target, draft):
     # The target's greedy tokens from its traced loop (the greedy test's, so not traced again):
     # no near-ties (the weights are scaled up) for XLA's rounding to flip.

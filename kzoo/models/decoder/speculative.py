@@ -265,7 +265,8 @@ def generate(
 def speculative_loop(
     target, draft, sampler, token_ids, prompt_mask, prefill, draft_tokens, stop_token_ids, noise, compile_draft=False
 ):
-    """Prefills both models with the first `prefill` positions, then decodes the rest in rounds.
+    """Prefills both models with the first `prefill` positions and the rest of the prompt in
+    chunks (`generation.prompt_chunk`), then decodes the rest in rounds.
 
     Positions `< n` are committed; the target's cache holds them up to `n - 2`, the draft's
     up to `n - 3`, and each round writes again what it needs. A round starts its window at
@@ -296,8 +297,11 @@ def speculative_loop(
     greedy = isinstance(sampler, samplers_lib.GreedySampler)
     lookup = isinstance(draft, PromptLookup)
 
-    def draft_prefill(token_ids):
-        return draft.prefill(token_ids[:, :prefill], length, last_only=True)[1]
+    def draft_prefill(token_ids, end):
+        logits, state = draft.prefill(token_ids[:, :prefill], length, last_only=True)
+        if chunk:
+            state = generation.read_prompt(draft, token_ids, state, logits[:, -1], prefill, end, chunk)[1]
+        return state
 
     def draft_proposals(token_ids, s, window, forced, u, draft_state):
         return _draft_model_proposals(draft, sampler, token_ids, s, k, window, forced, u, draft_state)
@@ -305,8 +309,15 @@ def speculative_loop(
     if compile_draft:
         draft_prefill = generation.compile_function(draft_prefill, True)
         draft_proposals = generation.compile_function(draft_proposals, True)
-    _, target_state = target.prefill(token_ids[:, :prefill], length, last_only=True)
-    draft_state = () if lookup else draft_prefill(token_ids)
+    # The rest of the prompt in chunks, as `generate` reads it; rounds would read it k + 1
+    # positions at a time, the draft's a token at a time.
+    chunk = generation.prompt_chunk(prefill)
+    n = ops.convert_to_tensor(prefill, "int32")
+    logits, target_state = target.prefill(token_ids[:, :prefill], length, last_only=True)
+    if chunk:
+        n = ops.sum(ops.cast(prompt_mask, "int32"))
+        target_state = generation.read_prompt(target, token_ids, target_state, logits[:, -1], prefill, n, chunk)[1]
+    draft_state = () if lookup else draft_prefill(token_ids, n)
     offsets = ops.arange(k + 1, dtype="int32")
     vocabulary_size = target.backbone.vocabulary_size
 
@@ -393,7 +404,6 @@ def speculative_loop(
         return token_ids, generated, s + count + 2, stopped, target_state, draft_state, counts
 
     generated = ops.zeros_like(prompt_mask)
-    n = ops.convert_to_tensor(prefill, "int32")
     done = ops.convert_to_tensor(False)
     counts = ops.zeros((3,), "int32")
     state = (token_ids, generated, n, done, target_state, draft_state, counts)

@@ -103,7 +103,7 @@ class Seq2SeqTransformer(Task):
             hidden_states = hidden_states[:, -1:]
         return self.lm_head(hidden_states), state
 
-    def decode(self, token_ids, state, index):
+    def decode(self, token_ids, state, index, last_only=False):
         """The serving interface's step: runs target tokens `(B, T)` at positions `[index, index + T)`.
 
         Each decoder block writes the keys and values of the new tokens into
@@ -116,6 +116,7 @@ class Seq2SeqTransformer(Task):
             token_ids: int tensor `(B, T)`, T >= 1.
             state: the dict from `prefill` or from the previous `decode`.
             index: int or scalar int tensor, the position of `token_ids[:, 0]`.
+            last_only: bool, the logits of the last position alone `(B, 1, V)`.
 
         Returns:
             `(logits (B, T, V) float32, state)`; the entries a step only reads
@@ -135,6 +136,8 @@ class Seq2SeqTransformer(Task):
             cache_index=index,
             cross_attention_cache=generation.cache_pairs(state, prefix="cross_"),
         )
+        if last_only:
+            hidden_states = hidden_states[:, -1:]
         return self.lm_head(hidden_states), dict(state, **generation.cache_state(caches))
 
     def split_generation_inputs(self, inputs):
