@@ -174,14 +174,16 @@ def read_prompt(model, token_ids, state, logits, start, end, chunk):
         `(logits (B, V), state)`: the prediction for position `end` (`logits` where `start` is
         `end` already) and the state.
     """
-    batch = ops.shape(token_ids)[0]
 
     def more(logits, state, position):
         return position < end
 
     def read(logits, state, position):
         position = ops.minimum(position, end - chunk)
-        logits, state = model.decode(ops.slice(token_ids, (0, position), (batch, chunk)), state, position, True)
+        # A gather, not `ops.slice`: TensorFlow's XLA bridge took a slice's dynamic start for a
+        # compile-time constant, and so compiled the loop again for every prompt length.
+        tokens = ops.take(token_ids, position + ops.arange(chunk, dtype="int32"), axis=1)
+        logits, state = model.decode(tokens, state, position, True)
         return logits[:, -1], state, position + chunk
 
     start = ops.convert_to_tensor(start, "int32")

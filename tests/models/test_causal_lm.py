@@ -157,6 +157,22 @@ def test_the_rest_of_a_long_prompt_is_read_in_chunks_and_gives_the_greedy_tokens
         assert row[length:] == logits[length - 1 : -1].argmax(-1).tolist()
 
 
+def test_one_xla_program_serves_every_prompt_length_of_a_prefill():
+    """Prompts of 17 and 19 tokens share a compiled loop (a prefill of 16, the same length): the
+    HLO XLA is given is the same for both, so neither the prompt nor its length is a constant
+    in it (a chunk read by `ops.slice` made the length one, and `chat` compiled again for every
+    new prompt length)."""
+    lm = causal_lm("llama", context=40)
+    sampler, stop = generation.resolve("greedy", None)
+    programs = []
+    for n in (17, 19):
+        ids, mask, _ = generation.pack_prompts([list(range(1, n + 1))], 40, None, 40)
+        lm.generate([list(range(1, n + 1))], max_length=40)
+        (function,) = generation._COMPILED[lm].values()
+        programs.append(function.experimental_get_compiler_ir(ids, mask, stop, sampler.noise(40, 1), {})(stage="hlo"))
+    assert programs[0] == programs[1]
+
+
 def test_a_prompt_read_in_chunks_gives_the_logits_of_one_prefill(built):
     """`generation.read_prompt` of positions 8-20 in calls of 4 (the last reading 17-20, two of
     them again) after a prefill of 8: the logits of a prefill of all 21 positions, and a cache
