@@ -112,6 +112,13 @@ def set_variable(variable, value):
         if value is not None:
             variable.assign(value)
         return
+    if value is not None and keras.distribution.distribution() is not None:
+        # Under a distribution (JAX) Keras shards a new variable by jitting its initializer,
+        # which fails on a lambda's `__call__` (no weak reference) and would make `value` a
+        # constant of a program. `_initialize` shards the value itself (`distribute_tensor`).
+        variable._initializer = None
+        variable._initialize(variable._convert_to_tensor(value))
+        return
     if value is not None:
         variable._initializer = lambda shape, dtype: value
     variable._deferred_initialize()

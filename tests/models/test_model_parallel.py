@@ -73,3 +73,37 @@ def test_a_sharded_decoder_gives_the_unsharded_logits_and_lora_steps(tmp_path):
     # Only the order of the sums differs.
     np.testing.assert_allclose(result["logits"], result["want_logits"], atol=1e-5)
     assert result["diffs"].max() < 1e-6
+
+
+CHECKPOINT_SCRIPT = """
+import os, sys
+os.environ["KERAS_BACKEND"] = "jax"
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+import keras, numpy as np
+import kzoo
+
+keras.utils.set_random_seed(5)
+plain = kzoo.models.CausalLM.from_preset("llama_tiny")
+plain.export_to_transformers(sys.argv[2])
+ids = {"token_ids": np.array([[5, 9, 2, 7]], "int32"), "padding_mask": np.ones((1, 4), "int32")}
+mesh = keras.distribution.DeviceMesh((1, 2), ("batch", "model"), keras.distribution.list_devices())
+layout_map = kzoo.models.DecoderBackbone.get_layout_map(mesh)
+with keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch").scope():
+    sharded = kzoo.models.CausalLM.from_preset(sys.argv[2])
+    split = sorted(w.path for w in sharded.weights if "model" in str(w.value.sharding.spec))
+    logits = np.asarray(sharded(ids))
+np.savez(sys.argv[1], want=np.asarray(plain(ids)), logits=logits, split=split)
+"""
+
+
+def test_a_checkpoint_loads_sharded(tmp_path):
+    """A Hugging Face folder read inside `ModelParallel.scope()` (as a GGUF file is: each weight
+    handed to its variable once, `_compat.set_variable`) gives sharded weights and the logits of
+    the model written. Keras' own sharding of a new variable jits its initializer, which failed
+    on the loader's."""
+    out = tmp_path / "out.npz"
+    command = [sys.executable, "-c", textwrap.dedent(CHECKPOINT_SCRIPT), str(out), str(tmp_path / "folder")]
+    subprocess.run(command, check=True, timeout=600)
+    result = np.load(out)
+    assert "transformer_block_0/feed_forward/output_dense/kernel" in set(result["split"])
+    np.testing.assert_allclose(result["logits"], result["want"], atol=1e-5)
