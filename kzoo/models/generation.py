@@ -191,6 +191,21 @@ def read_prompt(model, token_ids, state, logits, start, end, chunk):
     return logits, state
 
 
+def read_prompt_rest(model, token_ids, prompt_mask, state, logits, prefill):
+    """After a prefill of `prefill` positions, reads the rest of the shortest prompt in chunks
+    (`prompt_chunk`, `read_prompt`), where it has chunks.
+
+    Returns:
+        `(logits (B, V), state, index)`: the prediction for position `index`, the state, and
+        the first position not read (the shortest prompt's length, or `prefill`).
+    """
+    chunk = prompt_chunk(prefill)
+    if not chunk:
+        return logits, state, ops.convert_to_tensor(prefill, "int32")
+    end = ops.min(ops.sum(ops.cast(prompt_mask, "int32"), axis=1))
+    return (*read_prompt(model, token_ids, state, logits, prefill, end, chunk), end)
+
+
 def compile_function(fn, jit_compile, models=()):
     """`fn` compiled for repeated calls, as each backend does it best.
 
@@ -320,11 +335,7 @@ def decode_loop(model, sampler, token_ids, prompt_mask, prefill, stop_token_ids,
         `(token_ids (B, L), generated (B, L) bool)`.
     """
     logits, state = model.prefill(token_ids[:, :prefill], ops.shape(token_ids)[1], last_only=True, **(context or {}))
-    logits, index = logits[:, -1], prefill
-    chunk = prompt_chunk(prefill)
-    if chunk:
-        index = ops.min(ops.sum(ops.cast(prompt_mask, "int32"), axis=1))
-        logits, state = read_prompt(model, token_ids, state, logits, prefill, index, chunk)
+    logits, state, index = read_prompt_rest(model, token_ids, prompt_mask, state, logits[:, -1], prefill)
 
     def step(token, state, index):
         logits, state = model.decode(token, state, index)

@@ -297,11 +297,9 @@ def speculative_loop(
     greedy = isinstance(sampler, samplers_lib.GreedySampler)
     lookup = isinstance(draft, PromptLookup)
 
-    def draft_prefill(token_ids, end):
+    def draft_prefill(token_ids, prompt_mask):
         logits, state = draft.prefill(token_ids[:, :prefill], length, last_only=True)
-        if chunk:
-            state = generation.read_prompt(draft, token_ids, state, logits[:, -1], prefill, end, chunk)[1]
-        return state
+        return generation.read_prompt_rest(draft, token_ids, prompt_mask, state, logits[:, -1], prefill)[1]
 
     def draft_proposals(token_ids, s, window, forced, u, draft_state):
         return _draft_model_proposals(draft, sampler, token_ids, s, k, window, forced, u, draft_state)
@@ -311,13 +309,10 @@ def speculative_loop(
         draft_proposals = generation.compile_function(draft_proposals, True)
     # The rest of the prompt in chunks, as `generate` reads it; rounds would read it k + 1
     # positions at a time, the draft's a token at a time.
-    chunk = generation.prompt_chunk(prefill)
-    n = ops.convert_to_tensor(prefill, "int32")
     logits, target_state = target.prefill(token_ids[:, :prefill], length, last_only=True)
-    if chunk:
-        n = ops.sum(ops.cast(prompt_mask, "int32"))
-        target_state = generation.read_prompt(target, token_ids, target_state, logits[:, -1], prefill, n, chunk)[1]
-    draft_state = () if lookup else draft_prefill(token_ids, n)
+    rest = generation.read_prompt_rest(target, token_ids, prompt_mask, target_state, logits[:, -1], prefill)
+    _, target_state, n = rest
+    draft_state = () if lookup else draft_prefill(token_ids, prompt_mask)
     offsets = ops.arange(k + 1, dtype="int32")
     vocabulary_size = target.backbone.vocabulary_size
 
