@@ -39,6 +39,7 @@ STAGES = (
     ("kzoo.export.exporter", "KerasReference.first_logits", "Keras logits of the bundles' rows"),
     ("kzoo.export.litertlm.verification", "RuntimeSignatures", "trace the bundle's signatures"),
     ("kzoo.export.litertlm.verification", "_generation_cases", "Keras greedy generations"),
+    ("kzoo.export.tflite.rerounding", "choose", "int4: which finer weights to re-round, measured"),
     ("kzoo.export.litertlm.verification", "placeholders.converted", "float32 TFLite from placeholders"),
     ("kzoo.export.tflite.placeholders", "convert", "TensorFlow's converter, placeholders"),
     ("kzoo.export.tflite.placeholders", "resolve", "the real weights' buffers"),

@@ -322,6 +322,7 @@ class Context:
             spans=self.cache_spans,
             generate_tokens=self.settings.generate_tokens,
             num_threads=LITERT_THREADS,
+            int4=any(getattr(format, "conversion", None) == litertlm.INT4 for format in self.formats),
             work_dir=self.work_dir,
         )
 

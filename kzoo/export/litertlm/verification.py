@@ -21,7 +21,9 @@ from kzoo.export.litertlm.signatures import attention_spans
 from kzoo.export.litertlm.signatures import prefill_lengths
 from kzoo.export.tflite import graph_passes
 from kzoo.export.tflite import placeholders
+from kzoo.export.tflite import rerounding
 from kzoo.export.tflite.graph_passes import op_census
+from kzoo.export.tflite.quantize import INT4
 from kzoo.export.tflite.quantize import quantize_file
 
 # The positions of one row the bundle's `decode` signature computes in each check, beside the
@@ -55,6 +57,8 @@ class Bundles:
         spans: the cache spans of the bundles' attention (`attention_spans`); None for none.
         generate_tokens: int, new tokens per greedy check.
         num_threads: int, the runtime's CPU threads.
+        int4: bool, whether an `INT4` bundle will be written: its finer-source weights to
+            re-round are measured now, while the Keras model is here (`rerounding.choose`).
         work_dir: a folder for the bundles' working files (the float32 TFLite model, each
             quantized one while its bundle is checked, the runtimes' packed-weight caches, the
             Keras logits of the checked rows); the caller removes it (the exporter's is in its
@@ -80,6 +84,7 @@ class Bundles:
         spans=None,
         generate_tokens=32,
         num_threads=2,
+        int4=False,
         work_dir,
     ):
         from kzoo.tokenizers.tokenizer_json import hugging_face_tokenizer  # keras-hub, tokenizers: only here
@@ -111,10 +116,15 @@ class Bundles:
         self.weights = None if sample_weight is None else sample_weight[:, cut]
         logits = logits[:, cut]
         self.keras_cross_entropy = verification.quality(logits, self.targets, self.weights)["cross_entropy"]
-        self.tolerance = verification.fp32_tolerance(logits)
-        self.num_threads = num_threads
         self.work_dir = Path(work_dir)
         self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.rerounding = None
+        if int4:
+            self.rerounding = rerounding.choose(
+                model, self.token_ids, self.targets, self.weights, logits, work_dir=self.work_dir
+            )
+        self.tolerance = verification.fp32_tolerance(logits)
+        self.num_threads = num_threads
         self._float32 = self.work_dir / "float32.tflite"
         # Kept in a file and read a row at a time by each check (`_keras_row`): at Qwen2.5's
         # vocabulary the rows' logits are 1.2 GB, which the process held through every check.
@@ -129,8 +139,8 @@ class Bundles:
             The record: the file's `path` (its name), `size_bytes`, `tflite_bytes`,
             `description`, `prefill_lengths`, `max_num_tokens`, `export_seconds`, `ops`,
             `max_abs_diff` and `tolerance` and `quality` (over the reference rows), `checked_rows`,
-            `tokenizer` and `generation` (`matches_keras`, `token_agreement` and the cases), and
-            `latency_ms`.
+            `tokenizer` and `generation` (`matches_keras`, `token_agreement` and the cases),
+            `latency_ms`, and for `INT4` `int4_rerounded` (`rerounding.choose`'s measurements).
         """
         start = time.perf_counter()
         if not self._float32.exists():  # converted once, quantized per bundle
@@ -142,7 +152,8 @@ class Bundles:
         shipped = self.work_dir / f"{conversion}.shipped.tflite"
         try:
             if model_file != self._float32:
-                quantize_file(self._float32, conversion, model_file)
+                chosen = self.rerounding["fingerprints"] if conversion == INT4 and self.rerounding else ()
+                quantize_file(self._float32, conversion, model_file, chosen)
             _shipped(model_file, shipped)
             memory.release_freed_memory()  # the converter's or the quantizer's, before LiteRT loads the model
             write_bundle(path, shipped, self.exported.tokenizer.to_str(), self.metadata)
@@ -186,6 +197,8 @@ class Bundles:
             "quality": quality,
             "checked_rows": len(self.token_ids),
         }
+        if conversion == INT4 and self.rerounding:
+            record["int4_rerounded"] = {key: value for key, value in self.rerounding.items() if key != "fingerprints"}
         with tempfile.TemporaryDirectory(dir=self.work_dir) as cache:
             runtime = litertlm_model.LiteRTLMModel(path, self.num_threads, cache_dir=cache)
             try:

@@ -12,14 +12,16 @@ a weight is cut (`source_blocks`) into codes `step * (k - 8)`, which int4 holds 
 offset per block, which the file applies in float32 to the sums of the input over each block,
 summed from the input as the codes' FC rounds it (`graph_passes.split_fully_connected`): an
 eighth more bytes than int4 alone. A weight of a
-finer source (Q5_0, Q6_K, Q8_0: `finer_source`) stays in int8: int4 never holds fewer bits than
-the source has (Gemma 3 270M, whose "Q4_K_M" file is mostly Q5_0 and Q8_0, lost most of a nat
-with its finer projections cut to int4). Every weight of a model trained in Keras gets
+finer source (Q5_0, Q6_K, Q8_0: `finer_source`) stays in int8 (Gemma 3 270M, whose "Q4_K_M" file
+is mostly Q5_0 and Q8_0, lost most of a nat with its finer projections cut to int4), unless the
+export measured that re-rounding its group into int4 blocks costs the model next to nothing
+(`rerounding.choose`: Qwen2.5-Coder's Q6_K down-projections). Every weight of a model trained in Keras gets
 ai-edge-quantizer's int4 blocks. BENCHMARKS.md ("int4 that keeps a 4-bit source") has the
 measurements that chose this: SmolLM2, Qwen2.5-Coder-0.5B, Gemma 3 270M.
 """
 
 import contextlib
+import dataclasses
 import io
 from pathlib import Path
 
@@ -32,13 +34,18 @@ from kzoo.export.tflite import graph_passes
 
 INT8, INT4 = "int8_channelwise", "int4_blockwise32"
 INT4_BLOCK = 32
+# Nats over the model's own held-out cross-entropy that the finer-source weights re-rounded into
+# int4 blocks may cost together (`rerounding.choose`): the bound kzoo holds half-size weights
+# to, a tenth of what int4 may lose against its source (issue 41).
+REROUND_BUDGET = 0.01
 # What each quantization makes of the weights and activations.
 QUANTIZATIONS = {
     INT8: "int8 weights with a scale per output channel, float32 activations quantized per call "
     "(ai-edge-quantizer's dynamic_wi8_afp32)",
     INT4: f"int4 weights in blocks of {INT4_BLOCK} along each input dimension, float32 activations quantized per "
     "call (ai-edge-quantizer's dynamic_wi4b32_afp32); a 4-bit source's blocks kept exactly (int4 codes, "
-    "float32 block offsets), a 5- to 8-bit source's weights in int8 per channel",
+    "float32 block offsets), a 5- to 8-bit source's weights in int8 per channel, or in int4 blocks where "
+    f"measured to cost the model at most {REROUND_BUDGET} nats",
 }
 # Values of a weight `_grid` fits at a time (`_row_chunks`): its float64 temporaries (2 MB) stay
 # under glibc's threshold for mapping an allocation of its own (32 MB at most), so they are
@@ -55,19 +62,21 @@ SOURCE_BLOCKS, BLOCK_OFFSETS, FINER_SOURCE = "kzoo_source_blocks", "kzoo_block_o
 BLOCK_SUMS = "kzoo_block_sums"
 
 
-def quantize(flatbuffer, conversion):
+def quantize(flatbuffer, conversion, rerounded=()):
     """The float32 TFLite model `flatbuffer` quantized by ai-edge-quantizer as `conversion` says
     (`INT8` or `INT4`), its table lookups first made EMBEDDING_LOOKUP ops (`embedding_lookups`)
-    and, for `INT4`, its 4-bit source weights cut into codes and block offsets (`source_blocks`).
-    `quantize_file` makes the same file without holding the model in memory."""
+    and, for `INT4`, its 4-bit source weights cut into codes and block offsets (`source_blocks`)
+    and its finer source weights in int8, but those of `rerounded` (`Fingerprint`s:
+    the weights `rerounding.choose` measured) in int4 blocks. `quantize_file` makes the same
+    file without holding the model in memory."""
     model = graph_passes.unpacked(flatbuffer)
-    added = _prepare(model, conversion)
+    added = _prepare(model, conversion, rerounded)
     prepared = graph_passes.packed(model, len(flatbuffer) + added)
     del model
     return _quantized(prepared, conversion)
 
 
-def quantize_file(source, conversion, destination):
+def quantize_file(source, conversion, destination, rerounded=()):
     """`quantize` from the float32 TFLite file `source` to the file `destination` (written whole
     or not at all), holding neither model in memory.
 
@@ -82,23 +91,32 @@ def quantize_file(source, conversion, destination):
         prepared = staged.with_name(staged.name + ".float32")
         staged.touch()  # with the usual permissions: the quantizer creates its file executable
         try:
-            graph_passes.rewrite_file(source, prepared, lambda model: _prepare(model, conversion))
+            graph_passes.rewrite_file(source, prepared, lambda model: _prepare(model, conversion, rerounded))
             _quantized(prepared, conversion, str(staged))
         finally:
             prepared.unlink(missing_ok=True)
 
 
-def _prepare(model, conversion):
+def _prepare(model, conversion, rerounded=()):
     """The rewrites `quantize` makes before the quantizer, on a `schema.ModelT` in place: table
     lookups as EMBEDDING_LOOKUP, and for `INT4` the 4-bit sources split and the finer ones
-    tagged. Returns the bytes the rewrites added."""
+    tagged, but those `rerounded` names. Returns the bytes the rewrites added."""
     graph_passes.make_embedding_lookups(model)
     if conversion != INT4:
         return 0
     tags = (SOURCE_BLOCKS, BLOCK_OFFSETS, BLOCK_SUMS)
     added, _ = graph_passes.split_fully_connected(model, _deferred_source_blocks, *tags)
+
     # The split ops' own configurations win over FINER_SOURCE's: their weights are not tested.
-    graph_passes.tag_weighted_ops(model, finer_source, FINER_SOURCE, unless=tags)
+    def kept_finer(weights):
+        if not finer_source(weights):
+            return False
+        if rerounded:
+            fingerprint = Fingerprint.of(weights)
+            return not any(fingerprint.matches(other) for other in rerounded)
+        return True
+
+    graph_passes.tag_weighted_ops(model, kept_finer, FINER_SOURCE, unless=tags)
     return added
 
 
@@ -146,6 +164,35 @@ def _recipe(conversion):
     # the two no longer cancel.
     manager.add_dynamic_config(BLOCK_SUMS, operations.FULLY_CONNECTED, num_bits=8)
     return manager.get_quantization_recipe()
+
+
+@dataclasses.dataclass(frozen=True)
+class Fingerprint:
+    """A weight's values as a multiset: the same for any transpose or reshape of it, and for two
+    different weights of a model as good as never (`matches` allows the sums' float64 rounding)."""
+
+    size: int
+    total: float
+    magnitude: float
+    square: float
+
+    @classmethod
+    def of(cls, values):
+        """The fingerprint of a float array's values."""
+        values = np.asarray(values, np.float32).ravel()
+        total = magnitude = square = 0.0
+        for start in range(0, values.size, 1 << 22):  # float64 copies of a chunk at a time
+            chunk = values[start : start + (1 << 22)].astype(np.float64)
+            total += chunk.sum()
+            magnitude += np.abs(chunk).sum()
+            square += np.square(chunk).sum()
+        return cls(values.size, float(total), float(magnitude), float(square))
+
+    def matches(self, other):
+        """Whether `other` is the fingerprint of the same values (summed in another order)."""
+        scales = (self.magnitude, self.magnitude, self.square)
+        pairs = zip((self.total, self.magnitude, self.square), (other.total, other.magnitude, other.square), scales)
+        return self.size == other.size and all(abs(a - b) <= 1e-9 * max(scale, 1e-30) for a, b, scale in pairs)
 
 
 def source_blocks(weights, tolerance=1e-5):
