@@ -120,9 +120,7 @@ class Bundles:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.rerounding = None
         if int4:
-            self.rerounding = rerounding.choose(
-                model, self.token_ids, self.targets, self.weights, logits, work_dir=self.work_dir
-            )
+            self.rerounding = rerounding.choose(model, self.token_ids, logits, self.weights, work_dir=self.work_dir)
         self.tolerance = verification.fp32_tolerance(logits)
         self.num_threads = num_threads
         self._float32 = self.work_dir / "float32.tflite"

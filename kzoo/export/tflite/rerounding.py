@@ -1,21 +1,26 @@
 """Which of a GGUF's finer weights an int4 export re-rounds into int4 blocks, measured per model.
 
 int4 keeps a 4-bit source's own blocks and holds a finer source's weights (Q5_0, Q6_K, Q8_0) in
-int8 per channel (`quantize`): int4 never holds fewer bits than the source by rule. That rule is
-safe and slow: a llama.cpp "Q4_K_M" file keeps half its feed-forward down-projections and its head
-in Q6_K, so in Qwen2.5-Coder-1.5B's int4 bundle those int8 weights are a fifth of the bytes a step
-reads. What re-rounding them costs depends on the model, not on the source type: Qwen2.5-Coder-1.5B's
-Q6_K down-projections in int4 blocks cost nothing measurable, Gemma 3 270M's 0.14 nats
-(BENCHMARKS.md, "two int4 levers").
+int8 per channel (`quantize`), so that int4 never holds fewer bits than the source. That rule is
+safe and costs bytes: a llama.cpp "Q4_K_M" file keeps half its feed-forward down-projections in
+Q6_K, 85 MB more of Qwen2.5-Coder-1.5B's int4 bundle in int8 than in int4 blocks. What
+re-rounding such a group costs depends on the model, not on the source type: Qwen2.5-Coder's Q6_K
+down-projections in int4 blocks cost nothing measurable, Gemma 3 270M's about 0.1 nats
+(BENCHMARKS.md, "int4 re-rounding measured per model").
 
-So `choose` measures. The finer weights come in groups, one weight of every block (the blocks'
-down-projections, their value projections) or one of the model (the head); each group is
-re-rounded in the Keras model as ai-edge-quantizer rounds a weight into int4 blocks
-(`int4_rounded`), the model's cross-entropy on a few held-out rows is compared with its own, and
-the groups are taken, cheapest per value first, while those taken together cost at most
-`budget` nats on those rows. `quantize.quantize_file` then leaves the chosen weights out of the
-int8 ones, found in the converted file by `quantize.Fingerprint` (the converter transposes and reshapes
-them, and a weight's values are all it keeps of its name).
+So `choose` measures. The finer weights of the transformer blocks come in groups, the same
+weight of every block (the down-projections, the value projections); each group is re-rounded
+in the Keras model as ai-edge-quantizer rounds a weight into int4 blocks (`int4_rounded`), the
+KL divergence of the model's next-token distributions on a few held-out rows from its own is
+measured, and the groups are taken, cheapest per value first, while their mean divergence
+together is at most `budget` nats. The held-out cross-entropy alone would not do: with four
+groups re-rounded, Qwen2.5-Coder-0.5B's moved by -0.006 nats while its top-1 agreement with
+itself fell to 0.82 and its greedy text changed. The output layer (an untied head, a tied token
+table) is no candidate: in int4 blocks it raised the held-out cross-entropy by 0.03-0.12 nats in
+every model measured, and as the largest weight its measurement would hold the most memory.
+`quantize.quantize_file` then leaves the chosen weights out of the int8 ones, found in the
+converted file by `quantize.Fingerprint` (the converter transposes and reshapes them, and a
+weight's values are all it keeps of its name).
 """
 
 import dataclasses
@@ -174,57 +179,71 @@ def _int4_scale(blocks, axis):
     return scale
 
 
-def choose(model, token_ids, targets, sample_weight=None, logits=None, budget=None, work_dir=None):
+def choose(model, token_ids, logits=None, sample_weight=None, budget=None, work_dir=None):
     """The groups of `model`'s finer-source weights to re-round into int4 blocks (see the module
     docstring), measured on held-out rows; the model's weights are as they were on return. A
     weight with a block int4 would give a scale of 0 (`Weight.int4_loads`) is in no group.
 
     Args:
         model: a causal LM.
-        token_ids, targets: int `(N, T)` held-out rows and their next tokens (the first `ROWS`
-            rows and `POSITIONS` positions are measured).
-        sample_weight: `(N, T)` or None.
+        token_ids: int `(N, T)` held-out rows (the first `ROWS` rows and `POSITIONS` positions
+            are measured).
         logits: the model's own logits `(N, T, V)` for the rows, or None (computed).
-        budget: nats the chosen groups may cost together on those rows (None: `BUDGET`).
-        work_dir: a folder for the measured weights' own values while they are re-rounded (a
-            1.5B model's head is 0.9 GB): None for a temporary one.
+        sample_weight: `(N, T)` or None: the positions' weights in the means.
+        budget: the mean divergence in nats that the chosen groups may cost together (None:
+            `BUDGET`).
+        work_dir: a folder for the measured weights' own values while they are re-rounded:
+            None for a temporary one.
 
     Returns:
-        A record: `budget`, `groups` (per candidate group, its `weights`, `values`, measured
-        `cross_entropy_increase` alone, None for a group of less than `LEAST_SHARE` of the
-        model's weight values, which is not measured, and whether it is `rerounded`), `cross_entropy_increase`
-        of the chosen groups together, and `fingerprints`, the chosen weights'
-        `quantize.Fingerprint`s (for `quantize.quantize_file`; not JSON).
+        A record: `budget`, `groups` (per candidate group: its `weights`, `values`, its
+        `divergence` alone, the mean KL divergence of the model's next-token distribution with
+        the group re-rounded from its own, in nats, and the `top1_agreement` of the two; None for
+        a group of less than `LEAST_SHARE` of the model's weight values, which is not measured;
+        and whether it is `rerounded`), the `divergence` and `top1_agreement` of the chosen groups
+        together, and `fingerprints`, the chosen weights' `quantize.Fingerprint`s (for
+        `quantize.quantize_file`; not JSON).
     """
     budget = BUDGET if budget is None else budget
+    in_blocks = {id(v) for block in model.backbone.transformer_blocks for v in block.weights}
     groups, total = {}, 0
     for weight in weight_matrices(model):
         total += weight.size
+        if id(weight.variable) not in in_blocks:  # the output layer: see the module docstring
+            continue
         if candidate(weight.matrix(rows=_SAMPLE_ROWS)) and weight.int4_loads(weight.values()):
             groups.setdefault(weight.group, []).append(weight)
     sizes = {name: sum(weight.size for weight in weights) for name, weights in groups.items()}
     measured = [name for name in groups if sizes[name] >= LEAST_SHARE * total]
-    alone, chosen, together = {}, (), 0.0
+    alone, chosen, together = {}, (), (0.0, 1.0)
     if measured:
 
         def cut(values):  # the rows and positions measured
             return None if values is None else np.asarray(values)[:ROWS, :POSITIONS]
 
-        with _Measurement(model, groups, cut(token_ids), cut(targets), cut(sample_weight), work_dir) as measure:
-            own = measure.cross_entropy((), cut(logits))
-            alone = {name: measure.cross_entropy((name,)) - own for name in measured}
-            for name in sorted(measured, key=lambda name: alone[name] / sizes[name]):  # cheapest per value first
-                if alone[name] > budget:
-                    continue
-                increase = alone[name] if not chosen else measure.cross_entropy((*chosen, name)) - own
-                if increase <= budget:
-                    chosen, together = (*chosen, name), increase
-    record = {"budget": budget, "groups": {}, "cross_entropy_increase": together}
+        with _Measurement(model, groups, cut(token_ids), cut(logits), cut(sample_weight), work_dir) as measure:
+            alone = {name: measure.divergence((name,)) for name in measured}
+            # The cheapest per value first, while their divergences alone add up within the
+            # budget; then the groups together, measured, the last taken left out until they fit.
+            spent = 0.0
+            for name in sorted(measured, key=lambda name: alone[name][0] / sizes[name]):
+                if spent + alone[name][0] <= budget:
+                    chosen, spent = (*chosen, name), spent + alone[name][0]
+            while len(chosen) > 1:
+                together = measure.divergence(chosen)
+                if together[0] <= budget:
+                    break
+                chosen = chosen[:-1]
+            if len(chosen) == 1:
+                together = alone[chosen[0]]
+    record = {"budget": budget, "groups": {}, "divergence": together[0], "top1_agreement": together[1]}
     for name, weights in groups.items():
+        divergence, agreement = alone.get(name, (None, None))
         record["groups"][name] = {
             "weights": len(weights),
             "values": sizes[name],
-            "cross_entropy_increase": alone.get(name),
+            "divergence": divergence,
+            "top1_agreement": agreement,
             "rerounded": name in chosen,
         }
     record["fingerprints"] = [quantize.Fingerprint.of(w.values()) for name in chosen for w in groups[name]]
@@ -232,17 +251,20 @@ def choose(model, token_ids, targets, sample_weight=None, logits=None, budget=No
 
 
 class _Measurement:
-    """The held-out cross-entropy of `model` with some `groups` of its weights re-rounded; while
-    entered, the weights' own values wait in files (`_Originals`), and on leaving are back."""
+    """How far `model`'s next-token distributions on held-out rows move with some `groups` of its
+    weights re-rounded, from its own (`logits`, or computed on entering); while entered, the
+    weights' own values wait in files (`_Originals`), and on leaving are back."""
 
-    def __init__(self, model, groups, token_ids, targets, sample_weight, work_dir):
+    def __init__(self, model, groups, token_ids, logits, sample_weight, work_dir):
         self.model, self.groups = model, groups
-        self.token_ids, self.targets, self.sample_weight = token_ids, targets, sample_weight
+        self.token_ids, self.own, self.sample_weight = token_ids, logits, sample_weight
         self.work_dir = work_dir
 
     def __enter__(self):
         self.folder = tempfile.TemporaryDirectory(dir=self.work_dir)
         self.originals = _Originals(Path(self.folder.name))
+        if self.own is None:
+            self.own = np.stack(list(self._rows()))
         return self
 
     def __exit__(self, *error):
@@ -260,20 +282,33 @@ class _Measurement:
                 else:
                     self.originals.restore(weight)
 
-    def cross_entropy(self, chosen, logits=None):
-        """The cross-entropy with the weights of the groups `chosen` re-rounded (or of the rows'
-        `logits`, the model's own, where given)."""
-        if logits is not None:
-            return verification.quality(logits, self.targets, self.sample_weight)["cross_entropy"]
-        self._set(chosen)
-        measure = verification.Quality()
-        for i in range(len(self.token_ids)):  # a row's logits at a time: V floats a position
+    def _rows(self):
+        """The model's logits `(T, V)` for each row, as its weights are now (a row at a time: V
+        floats a position)."""
+        for i in range(len(self.token_ids)):
             ids = self.token_ids[i : i + 1]
-            logits = keras.ops.convert_to_numpy(self.model({"token_ids": ids, "padding_mask": np.ones_like(ids)}))
-            weights = None if self.sample_weight is None else self.sample_weight[i : i + 1]
-            measure.add(logits, self.targets[i : i + 1], weights)
+            yield keras.ops.convert_to_numpy(self.model({"token_ids": ids, "padding_mask": np.ones_like(ids)}))[0]
+
+    def divergence(self, chosen):
+        """`(mean KL divergence, top-1 agreement)` of the model's distributions with the groups
+        `chosen` re-rounded from its own, weighted by the positions' weights."""
+        self._set(chosen)
+        total = divergence = agree = 0.0
+        for i, logits in enumerate(self._rows()):
+            weights = np.ones(len(logits)) if self.sample_weight is None else np.asarray(self.sample_weight[i], float)
+            for start in range(0, len(logits), verification.POSITIONS_AT_ONCE):  # float64 a few positions at a time
+                cut = slice(start, start + verification.POSITIONS_AT_ONCE)
+                own, new = (_log_softmax(np.asarray(x[cut], np.float64)) for x in (self.own[i], logits))
+                divergence += np.sum(weights[cut] * np.sum(np.exp(own) * (own - new), -1))
+                agree += np.sum(weights[cut] * (own.argmax(-1) == new.argmax(-1)))
+                total += np.sum(weights[cut])
             del logits
-        return measure.result()["cross_entropy"]
+        return float(divergence / total), float(agree / total)
+
+
+def _log_softmax(logits):
+    shifted = logits - logits.max(-1, keepdims=True)
+    return shifted - np.log(np.sum(np.exp(shifted), -1, keepdims=True))
 
 
 class _Originals:
