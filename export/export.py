@@ -113,6 +113,15 @@ def make_parser():
         "(kzoo.export.memory; by default the export is refused before anything is converted)",
     )
     parser.add_argument(
+        "--int4-rerounding",
+        type=float,
+        default=0.0,
+        metavar="NATS",
+        help="with litertlm_int4: put a GGUF's 5- to 8-bit weight groups into int4 blocks where they move the "
+        "model's predictions by at most NATS (mean KL divergence, measured at export; e.g. 0.01); default 0: "
+        "they stay int8",
+    )
+    parser.add_argument(
         "--verbose", action="store_true", help="also show TensorFlow's and LiteRT's own log lines (see kzoo.logs)"
     )
     return parser
@@ -213,6 +222,7 @@ def main(argv=None):
             prefill_lengths=args.prefill_lengths,
             cache_spans=args.cache_spans,
             ignore_memory_estimate=args.ignore_memory_estimate,
+            int4_rerounding=args.int4_rerounding,
         )
     except kzoo_export.ExportError as error:
         print(f"export failed: {error}", file=sys.stderr)

@@ -81,6 +81,7 @@ def export(
     prefill_lengths=None,
     cache_spans="auto",
     ignore_memory_estimate=False,
+    int4_rerounding=0.0,
 ):
     """Exports a kzoo model for serving and verifies every file against the Keras model.
 
@@ -155,6 +156,13 @@ def export(
         ignore_memory_estimate: bool, export even where the estimated peak memory
             (`kzoo.export.memory.check_memory`, checked once the model is loaded) exceeds what the
             host has available.
+        int4_rerounding: nats in [0, 1]: with "litertlm_int4", a GGUF's 5- to 8-bit weights,
+            which the int4 bundle keeps in int8, go to int4 blocks by groups (the same weight of
+            every block) where the export measures them to move the Keras model's next-token
+            distributions by at most this much (mean KL divergence on held-out rows, the groups
+            together; `kzoo.export.tflite.rerounding`): a smaller bundle for a little fidelity
+            (Qwen2.5-Coder-1.5B at 0.01: 85 MB less, top-1 agreement 0.904 against 0.915). 0
+            (the default): none, and nothing measured.
 
     Returns:
         The report (also written to `output_dir/export_report.json`).
@@ -191,6 +199,7 @@ def export(
         prefill_lengths=prefill_lengths,
         cache_spans=cache_spans,
         ignore_memory_estimate=ignore_memory_estimate,
+        int4_rerounding=int4_rerounding,
     )
     with _output_folder(output_dir, overwrite) as staging:
         context = Context(model, settings, staging)
@@ -322,9 +331,14 @@ class Context:
             spans=self.cache_spans,
             generate_tokens=self.settings.generate_tokens,
             num_threads=LITERT_THREADS,
-            int4=any(getattr(format, "conversion", None) == litertlm.INT4 for format in self.formats),
+            int4_rerounding=self._int4_rerounding(),
             work_dir=self.work_dir,
         )
+
+    def _int4_rerounding(self):
+        """The settings' `int4_rerounding` where an int4 bundle is made (else 0: nothing to measure)."""
+        int4 = any(getattr(format, "conversion", None) == litertlm.INT4 for format in self.formats)
+        return float(self.settings.int4_rerounding) if int4 else 0.0
 
     @property
     def work_dir(self):
@@ -553,6 +567,10 @@ def _checked_settings(**settings):
         value = getattr(settings, name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1):
             raise ExportError(f"`{name}` must be an int >= 1; received {name}={value!r}.")
+    budget = settings.int4_rerounding
+    number = isinstance(budget, (int, float, np.integer, np.floating)) and not isinstance(budget, bool)
+    if not number or not 0 <= budget <= 1:  # NaN fails both
+        raise ExportError(f"`int4_rerounding` must be a number of nats in [0, 1]; received {budget!r}.")
     return settings
 
 

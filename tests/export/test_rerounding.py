@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from ai_edge_litert import schema_py_generated as schema
 
+from kzoo import export
 from kzoo.export import litertlm
 from kzoo.export.tflite import graph_passes
 from kzoo.export.tflite import quantize
@@ -74,6 +75,26 @@ def test_the_chosen_weights_are_the_int4_blocks_ai_edge_quantizer_writes():
     by_rule = int4_matrices(quantize.quantize(float32, quantize.INT4))
     for matrix in chosen:
         assert not any(w.shape == matrix.shape and np.array_equal(w, rerounding.int4_rounded(matrix)) for w in by_rule)
+
+
+def test_an_int4_export_asked_to_re_round_writes_the_groups_it_measured_in_int4(tmp_path):
+    settings = dict(
+        formats="litertlm_int4",
+        cache_length=32,
+        num_examples=2,
+        latency_runs=1,
+        generate_tokens=2,
+        representative_data="synthetic",
+        quality_bounds={"litertlm_int4": 10.0},  # a random model: its bound is not what is tested
+    )
+    kept = export.export(finer_lm(), tmp_path / "kept", **settings)["artifacts"]["litertlm_int4"]
+    rerounded = export.export(finer_lm(), tmp_path / "rerounded", int4_rerounding=1.0, **settings)
+    record = rerounded["artifacts"]["litertlm_int4"]
+    assert "int4_rerounded" not in kept
+    groups = record["int4_rerounded"]["groups"]
+    assert sorted(groups) == sorted([OUTPUT, QUERY]) and all(group["rerounded"] for group in groups.values())
+    # Three weights of 8,192 / 4,096 / 4,096 values from int8 (a byte each) to int4 blocks (4.5 bits).
+    assert kept["tflite_bytes"] - record["tflite_bytes"] >= 0.4 * 16384
 
 
 def test_a_weight_is_rounded_in_its_own_layout_as_the_file_s_matrix_is():

@@ -57,8 +57,9 @@ class Bundles:
         spans: the cache spans of the bundles' attention (`attention_spans`); None for none.
         generate_tokens: int, new tokens per greedy check.
         num_threads: int, the runtime's CPU threads.
-        int4: bool, whether an `INT4` bundle will be written: its finer-source weights to
-            re-round are measured now, while the Keras model is here (`rerounding.choose`).
+        int4_rerounding: nats, `rerounding.choose`'s budget for an `INT4` bundle: its
+            finer-source weights to re-round are measured now, while the Keras model is here;
+            0 for none (nothing measured).
         work_dir: a folder for the bundles' working files (the float32 TFLite model, each
             quantized one while its bundle is checked, the runtimes' packed-weight caches, the
             Keras logits of the checked rows); the caller removes it (the exporter's is in its
@@ -84,7 +85,7 @@ class Bundles:
         spans=None,
         generate_tokens=32,
         num_threads=2,
-        int4=False,
+        int4_rerounding=0.0,
         work_dir,
     ):
         from kzoo.tokenizers.tokenizer_json import hugging_face_tokenizer  # keras-hub, tokenizers: only here
@@ -119,8 +120,10 @@ class Bundles:
         self.work_dir = Path(work_dir)
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.rerounding = None
-        if int4:
-            self.rerounding = rerounding.choose(model, self.token_ids, logits, self.weights, work_dir=self.work_dir)
+        if int4_rerounding > 0:
+            self.rerounding = rerounding.choose(
+                model, self.token_ids, logits, self.weights, int4_rerounding, work_dir=self.work_dir
+            )
         self.tolerance = verification.fp32_tolerance(logits)
         self.num_threads = num_threads
         self._float32 = self.work_dir / "float32.tflite"

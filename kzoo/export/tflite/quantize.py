@@ -14,8 +14,8 @@ summed from the input as the codes' FC rounds it (`graph_passes.split_fully_conn
 eighth more bytes than int4 alone. A weight of a
 finer source (Q5_0, Q6_K, Q8_0: `finer_source`) stays in int8 (Gemma 3 270M, whose "Q4_K_M" file
 is mostly Q5_0 and Q8_0, lost most of a nat with its finer projections cut to int4), unless the
-export measured that re-rounding its group into int4 blocks costs the model next to nothing
-(`rerounding.choose`: Qwen2.5-Coder-1.5B's Q6_K down-projections). Every weight of a model trained in Keras gets
+export is asked to measure which groups cost the model next to nothing in int4 blocks
+(`rerounding.choose`). Every weight of a model trained in Keras gets
 ai-edge-quantizer's int4 blocks. BENCHMARKS.md ("int4 that keeps a 4-bit source") has the
 measurements that chose this: SmolLM2, Qwen2.5-Coder-0.5B, Gemma 3 270M.
 """
@@ -34,18 +34,14 @@ from kzoo.export.tflite import graph_passes
 
 INT8, INT4 = "int8_channelwise", "int4_blockwise32"
 INT4_BLOCK = 32
-# The mean KL divergence (nats) of a model's next-token distributions from its own that the
-# finer-source weights re-rounded into int4 blocks may cost together (`rerounding.choose`): what
-# Qwen2.5-Coder-1.5B's Q6_K down-projections cost, 85 MB of its int4 bundle.
-REROUND_BUDGET = 0.01
 # What each quantization makes of the weights and activations.
 QUANTIZATIONS = {
     INT8: "int8 weights with a scale per output channel, float32 activations quantized per call "
     "(ai-edge-quantizer's dynamic_wi8_afp32)",
     INT4: f"int4 weights in blocks of {INT4_BLOCK} along each input dimension, float32 activations quantized per "
     "call (ai-edge-quantizer's dynamic_wi4b32_afp32); a 4-bit source's blocks kept exactly (int4 codes, "
-    "float32 block offsets), a 5- to 8-bit source's weights in int8 per channel, or in int4 blocks where "
-    f"they move the model's next-token distributions by at most {REROUND_BUDGET} nats (KL divergence)",
+    "float32 block offsets), a 5- to 8-bit source's weights in int8 per channel (in int4 blocks where "
+    "`int4_rerounding` measured a group to move the model's predictions by no more than it allows)",
 }
 # Values of a weight `_grid` fits at a time (`_row_chunks`): its float64 temporaries (2 MB) stay
 # under glibc's threshold for mapping an allocation of its own (32 MB at most), so they are

@@ -4,11 +4,12 @@ int4 keeps a 4-bit source's own blocks and holds a finer source's weights (Q5_0,
 int8 per channel (`quantize`), so that int4 never holds fewer bits than the source. That rule is
 safe and costs bytes: a llama.cpp "Q4_K_M" file keeps half its feed-forward down-projections in
 Q6_K, 85 MB more of Qwen2.5-Coder-1.5B's int4 bundle in int8 than in int4 blocks. What
-re-rounding such a group costs depends on the model, not on the source type: Qwen2.5-Coder's Q6_K
-down-projections in int4 blocks cost nothing measurable, Gemma 3 270M's about 0.1 nats
-(BENCHMARKS.md, "int4 re-rounding measured per model").
+re-rounding such a group costs depends on the model, not on the source type: in int4 blocks
+Qwen2.5-Coder-1.5B's Q6_K down-projections move its next-token distributions by 0.008 nats (KL
+divergence), Gemma 3 270M's by 0.18 (BENCHMARKS.md, "int4 re-rounding measured per model").
 
-So `choose` measures. The finer weights of the transformer blocks come in groups, the same
+So `choose` measures, where an export is asked to (`int4_rerounding`: re-rounding buys bytes, and
+on the hosts measured little or no decode time). The finer weights of the transformer blocks come in groups, the same
 weight of every block (the down-projections, the value projections); each group is re-rounded
 in the Keras model as ai-edge-quantizer rounds a weight into int4 blocks (`int4_rounded`), the
 KL divergence of the model's next-token distributions on a few held-out rows from its own is
@@ -37,7 +38,9 @@ from kzoo.export import verification
 from kzoo.export.tflite import quantize
 from kzoo.models.tied_logits import TiedLogits
 
-BUDGET = quantize.REROUND_BUDGET
+# `choose`'s budget when none is given: the mean KL divergence (nats) from the model's own
+# next-token distributions that Qwen2.5-Coder-1.5B's Q6_K down-projections cost in int4 blocks.
+BUDGET = 0.01
 # Held-out rows (of at most `POSITIONS` positions) each measurement runs, a forward pass of the
 # model per group measured: compared on the same rows as the model's own, 4 rows gave Qwen2.5-
 # Coder-1.5B's groups the costs 8 rows give within about 0.004 nats.
