@@ -66,6 +66,7 @@ DOCTEST_MODULES = [
     "kzoo.data.pipelines",
     "kzoo.data.readers",
     "kzoo.export.tflite.repeated_blocks",
+    "kzoo.export.tflite.rerounding",
     "kzoo.files",
     "kzoo.layers",
     "kzoo.layers._block",

@@ -93,6 +93,7 @@ def test_an_int4_export_asked_to_re_round_writes_the_groups_it_measured_in_int4(
     assert "int4_rerounded" not in kept
     groups = record["int4_rerounded"]["groups"]
     assert sorted(groups) == sorted([OUTPUT, QUERY]) and all(group["rerounded"] for group in groups.values())
+    assert record["int4_rerounded"]["weights"] == {"chosen": 3, "in_file": 3}  # each found in the file
     # Three weights of 8,192 / 4,096 / 4,096 values from int8 (a byte each) to int4 blocks (4.5 bits).
     assert kept["tflite_bytes"] - record["tflite_bytes"] >= 0.4 * 16384
 

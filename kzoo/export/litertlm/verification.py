@@ -154,7 +154,7 @@ class Bundles:
         try:
             if model_file != self._float32:
                 chosen = self.rerounding["fingerprints"] if conversion == INT4 and self.rerounding else ()
-                quantize_file(self._float32, conversion, model_file, chosen)
+                found = quantize_file(self._float32, conversion, model_file, chosen)
             _shipped(model_file, shipped)
             memory.release_freed_memory()  # the converter's or the quantizer's, before LiteRT loads the model
             write_bundle(path, shipped, self.exported.tokenizer.to_str(), self.metadata)
@@ -200,6 +200,9 @@ class Bundles:
         }
         if conversion == INT4 and self.rerounding:
             record["int4_rerounded"] = {key: value for key, value in self.rerounding.items() if key != "fingerprints"}
+            # The weights chosen and those the file holds in int4 blocks: fewer where the converter
+            # folded a scale into one (it stays int8).
+            record["int4_rerounded"]["weights"] = {"chosen": len(chosen), "in_file": found}
         with tempfile.TemporaryDirectory(dir=self.work_dir) as cache:
             runtime = litertlm_model.LiteRTLMModel(path, self.num_threads, cache_dir=cache)
             try:

@@ -74,7 +74,8 @@ def quantize(flatbuffer, conversion, rerounded=()):
 
 def quantize_file(source, conversion, destination, rerounded=()):
     """`quantize` from the float32 TFLite file `source` to the file `destination` (written whole
-    or not at all), holding neither model in memory.
+    or not at all), holding neither model in memory. Returns how many of `rerounded` it found
+    (a weight the converter folded a scale into is not found, and stays int8).
 
     The source is read through a mapping and its rewrites (`_prepare`) are made on one unpacked
     model whose weights are views of it; the rewritten model goes to a file beside
@@ -86,17 +87,21 @@ def quantize_file(source, conversion, destination, rerounded=()):
     with files.atomic_file(destination, None) as staged:
         prepared = staged.with_name(staged.name + ".float32")
         staged.touch()  # with the usual permissions: the quantizer creates its file executable
+        found = set()
         try:
-            graph_passes.rewrite_file(source, prepared, lambda model: _prepare(model, conversion, rerounded))
+            graph_passes.rewrite_file(source, prepared, lambda model: _prepare(model, conversion, rerounded, found))
             _quantized(prepared, conversion, str(staged))
         finally:
             prepared.unlink(missing_ok=True)
+    return len(found)
 
 
-def _prepare(model, conversion, rerounded=()):
+def _prepare(model, conversion, rerounded=(), found=None):
     """The rewrites `quantize` makes before the quantizer, on a `schema.ModelT` in place: table
     lookups as EMBEDDING_LOOKUP, and for `INT4` the 4-bit sources split and the finer ones
-    tagged, but those `rerounded` names. Returns the bytes the rewrites added."""
+    tagged, but those `rerounded` names (the indices of those found added to the set `found`).
+    Returns the bytes the rewrites added."""
+    found = set() if found is None else found
     graph_passes.make_embedding_lookups(model)
     if conversion != INT4:
         return 0
@@ -109,7 +114,9 @@ def _prepare(model, conversion, rerounded=()):
             return False
         if rerounded:
             fingerprint = Fingerprint.of(weights)
-            return not any(fingerprint.matches(other) for other in rerounded)
+            matched = [i for i, other in enumerate(rerounded) if fingerprint.matches(other)]
+            found.update(matched)
+            return not matched
         return True
 
     graph_passes.tag_weighted_ops(model, kept_finer, FINER_SOURCE, unless=tags)
@@ -274,6 +281,13 @@ def _source_blocks(weights, tolerance):
     integers = codes.astype(np.int8).reshape(weights.shape)
     offsets = low + shift * step
     return integers, stored[..., 0].astype(np.float32), offsets[..., 0].astype(np.float32)
+
+
+def four_bit_source(weights, tolerance=1e-5):
+    """Whether every block of `INT4_BLOCK` along the last axis of `weights` holds at most 16
+    evenly spaced values: a GGUF source of 4 bits (Q4_0, Q4_1, Q4_K), whose blocks int4 keeps."""
+    chunks = _row_chunks(weights)
+    return bool(chunks) and all(_grid(rows, INT4_BLOCK, 15, tolerance) is not None for rows in chunks)
 
 
 def finer_source(weights, tolerance=1e-5):

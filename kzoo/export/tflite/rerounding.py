@@ -33,6 +33,7 @@ from pathlib import Path
 import keras
 import numpy as np
 
+from kzoo import _compat
 from kzoo.export import memory
 from kzoo.export import verification
 from kzoo.export.tflite import quantize
@@ -122,7 +123,7 @@ def weight_matrices(model):
     layer's token table, its inputs the table's width. Quantized and LoRA layers are left out:
     their variables are not the weights the file holds."""
     found = {}
-    for layer in model._flatten_layers(include_self=False, recursive=True):
+    for layer in _compat.sublayers(model):
         if getattr(layer, "quantization_mode", None) is not None or getattr(layer, "lora_enabled", False):
             continue
         if isinstance(layer, TiedLogits):
@@ -147,14 +148,21 @@ def candidate(matrix):
     sample = matrix[:_SAMPLE_ROWS]
     if sample.shape[-1] % quantize.INT4_BLOCK:
         return False
-    return quantize.finer_source(sample) and quantize._grid(sample, quantize.INT4_BLOCK, 15, 1e-5) is None
+    return quantize.finer_source(sample) and not quantize.four_bit_source(sample)
 
 
 def int4_rounded(matrix):
     """An `(outputs, inputs)` float32 weight after ai-edge-quantizer's int4 blocks and back:
     each block of `quantize.INT4_BLOCK` inputs symmetric, its scale the block's largest magnitude
     over 7 (rounded to bfloat16 and float16, by the quantizer's own function), values rounded to
-    the nearest code in [-8, 7]."""
+    the nearest code in [-8, 7].
+
+    Example:
+    >>> weights = np.zeros((1, 32), "float32")
+    >>> weights[0, :3] = 0.7, -0.35, 0.01
+    >>> int4_rounded(weights)[0, :3].tolist()  # the scale 0.1 rounded to bfloat16: 0.10009765625
+    [0.70068359375, -0.30029296875, 0.0]
+    """
     rows, inputs = matrix.shape
     blocks = np.asarray(matrix, np.float32).reshape(rows, inputs // quantize.INT4_BLOCK, quantize.INT4_BLOCK)
     return _int4_blocks(blocks, 2).reshape(rows, inputs)
