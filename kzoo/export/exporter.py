@@ -568,8 +568,7 @@ def _checked_settings(**settings):
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1):
             raise ExportError(f"`{name}` must be an int >= 1; received {name}={value!r}.")
     budget = settings.int4_rerounding
-    number = isinstance(budget, (int, float, np.integer, np.floating)) and not isinstance(budget, bool)
-    if not number or not 0 <= budget <= 1:  # NaN fails both
+    if not _is_number(budget) or not 0 <= budget <= 1:  # NaN fails both
         raise ExportError(f"`int4_rerounding` must be a number of nats in [0, 1]; received {budget!r}.")
     return settings
 
@@ -590,12 +589,16 @@ def _quality_bounds(bounds):
                 f"`quality_bounds` names {name!r}, which has no quality bound; the quantized formats are "
                 f"{', '.join(verification.QUALITY_BOUNDS)}."
             )
-        number = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
-        if not number or not math.isfinite(value) or value < 0:
+        if not _is_number(value) or not math.isfinite(value) or value < 0:
             raise ExportError(
                 f"`quality_bounds[{name!r}]` must be a finite number of nats in [0, inf); received {value!r}."
             )
     return {**verification.QUALITY_BOUNDS, **{name: float(value) for name, value in bounds.items()}}
+
+
+def _is_number(value):
+    """Whether a setting is a real number (an int or a float, NumPy's too; not a bool)."""
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
 
 
 @contextlib.contextmanager

@@ -286,16 +286,20 @@ def _source_blocks(weights, tolerance):
 def four_bit_source(weights, tolerance=1e-5):
     """Whether every block of `INT4_BLOCK` along the last axis of `weights` holds at most 16
     evenly spaced values: a GGUF source of 4 bits (Q4_0, Q4_1, Q4_K), whose blocks int4 keeps."""
-    chunks = _row_chunks(weights)
-    return bool(chunks) and all(_grid(rows, INT4_BLOCK, 15, tolerance) is not None for rows in chunks)
+    return _every_row_a_grid(weights, INT4_BLOCK, 15, tolerance)
 
 
 def finer_source(weights, tolerance=1e-5):
     """Whether every block of 16 along the last axis of `weights` holds at most 256 evenly
     spaced values: a GGUF source of up to 8 bits (Q5_0, Q6_K, Q8_0; the 4-bit ones too). Float
     weights, bfloat16 ones included, hold no such grid."""
+    return _every_row_a_grid(weights, 16, 255, tolerance)
+
+
+def _every_row_a_grid(weights, block, most, tolerance):
+    """Whether `_grid` fits every block of `block` values of `weights`, a chunk of rows at a time."""
     chunks = _row_chunks(weights)
-    return bool(chunks) and all(_grid(rows, 16, 255, tolerance) is not None for rows in chunks)
+    return bool(chunks) and all(_grid(rows, block, most, tolerance) is not None for rows in chunks)
 
 
 def _row_chunks(weights):

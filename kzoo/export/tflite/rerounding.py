@@ -222,7 +222,8 @@ def choose(model, token_ids, logits=None, sample_weight=None, budget=None, work_
         total += weight.size
         if id(weight.variable) not in in_blocks:  # the output layer: see the module docstring
             continue
-        if candidate(weight.matrix(rows=_SAMPLE_ROWS)) and weight.int4_loads(weight.values()):
+        values = weight.values()  # one copy for both tests
+        if candidate(weight.matrix(values, rows=_SAMPLE_ROWS)) and weight.int4_loads(values):
             groups.setdefault(weight.group, []).append(weight)
     sizes = {name: sum(weight.size for weight in weights) for name, weights in groups.items()}
     measured = [name for name in groups if sizes[name] >= LEAST_SHARE * total]
